@@ -1,0 +1,1 @@
+"""The niels_gpt spec gate and the pytest plugin that gives tests their device."""

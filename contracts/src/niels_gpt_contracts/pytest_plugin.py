@@ -1,0 +1,146 @@
+"""pytest plugin: ``--device``, the ``device`` fixture, the ``invariant`` marker
+and the per-invariant report the gate reads.
+
+Tests never pick a device themselves: a nox ``test-<device>`` session passes
+``--device``. Asking for a device this machine lacks is a usage error (the run
+fails); the nox session decides beforehand whether to skip instead.
+
+``--invariant-report=PATH`` writes, after the run, one JSON object::
+
+    {"device": "cpu", "invariants": {"rope.norm_preserved":
+        {"passed": 3, "failed": 0, "skipped": 0, "tests": ["packages/...::test_x"]}}}
+
+It works under pytest-xdist: workers attach the claimed ids to each report as
+a user property and the controller writes the file.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+if TYPE_CHECKING:
+    import torch
+
+DEVICES = ("cpu", "mps", "cuda")
+_PROPERTY = "niels_gpt_invariants"
+_OUTCOMES = ("passed", "failed", "skipped")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("niels_gpt", "niels_gpt device selection and invariant report")
+    group.addoption(
+        "--device",
+        action="store",
+        default="cpu",
+        choices=DEVICES,
+        help="device the model tests run on (default: cpu); an absent device is a usage error",
+    )
+    group.addoption(
+        "--invariant-report",
+        action="store",
+        default=None,
+        metavar="PATH",
+        help="write per-invariant outcomes of this run as JSON to PATH",
+    )
+
+
+def device_available(name: str) -> bool:
+    """Whether torch can use device type ``name`` here (cpu, mps or cuda)."""
+    import torch
+
+    if name == "cuda":
+        return torch.cuda.is_available()
+    if name == "mps":
+        return torch.backends.mps.is_built() and torch.backends.mps.is_available()
+    return name == "cpu"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "invariant(id): the test verifies spec invariant '<stage>.<id>' (see specs/)",
+    )
+    name = config.getoption("--device")
+    if name != "cpu" and not device_available(name):
+        raise pytest.UsageError(f"--device {name}: {name} is not available on this machine")
+    path = config.getoption("--invariant-report")
+    if path and not hasattr(config, "workerinput"):
+        config.pluginmanager.register(InvariantReport(Path(path), name), "niels_gpt_invariants")
+
+
+def claimed_invariants(item: pytest.Item) -> list[str]:
+    """The invariant ids an item claims through ``@pytest.mark.invariant``."""
+    ids: list[str] = []
+    for mark in item.iter_markers(name="invariant"):
+        if len(mark.args) != 1 or not isinstance(mark.args[0], str) or mark.kwargs:
+            raise pytest.UsageError(
+                f"{item.nodeid}: @pytest.mark.invariant takes one string id, "
+                f"got args={mark.args!r} kwargs={mark.kwargs!r}"
+            )
+        ids.append(mark.args[0])
+    return ids
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    ids = claimed_invariants(item)
+    if ids:
+        item.user_properties.append((_PROPERTY, ids))
+
+
+class InvariantReport:
+    """Collects outcomes per claimed invariant on the controller and writes them."""
+
+    def __init__(self, path: Path, device: str) -> None:
+        self.path = path
+        self.device = device
+        self.counts: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(_OUTCOMES, 0))
+        self.tests: dict[str, set[str]] = defaultdict(set)
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        ids = next((v for k, v in report.user_properties if k == _PROPERTY), None)
+        if not isinstance(ids, list) or not ids:
+            return
+        outcome = report.outcome
+        # One outcome per test: a failure in any phase, the call phase otherwise,
+        # and a skip raised in setup.
+        if not (outcome == "failed" or report.when == "call" or outcome == "skipped"):
+            return
+        for inv in map(str, ids):
+            self.counts[inv][outcome] += 1
+            self.tests[inv].add(report.nodeid)
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        payload = {
+            "device": self.device,
+            "exitstatus": int(session.exitstatus),
+            "invariants": {
+                inv: {**self.counts[inv], "tests": sorted(self.tests[inv])}
+                for inv in sorted(self.counts)
+            },
+        }
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text(json.dumps(payload, indent=2) + "\n")
+
+
+@pytest.fixture(scope="session")
+def device(pytestconfig: pytest.Config) -> torch.device:
+    """The ``torch.device`` this run targets (from ``--device``)."""
+    import torch
+
+    return torch.device(pytestconfig.getoption("--device"))
+
+
+@pytest.fixture(scope="session")
+def float_dtypes(device: torch.device) -> tuple[torch.dtype, ...]:
+    """Floating dtypes the device supports: float32, plus float64 except on MPS."""
+    import torch
+
+    if device.type == "mps":
+        return (torch.float32,)
+    return (torch.float32, torch.float64)

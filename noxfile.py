@@ -1,0 +1,217 @@
+"""nox sessions for the niels_gpt monorepo.
+
+    nox -s lint typecheck test-cpu test-mps     # what CI runs (see README)
+    nox -s contracts                            # the spec gate on the working tree
+    nox -s contracts -- --stage rope --base origin/main
+    nox -s build                                # a wheel per package into dist/
+
+Every session that needs torch shares one development environment
+(``.nox/_shared-dev``), built once with ``-c constraints.txt`` and rebuilt only
+when the constraints, a ``pyproject.toml`` or the tool list change. That keeps
+CI from installing torch once per session. ``build`` has its own small venv.
+
+A ``test-<device>`` session whose device is absent skips with one line and
+exits 0, unless ``NIELS_GPT_REQUIRE_DEVICE`` names it (``mps``, ``cuda``, a
+comma-separated list, or ``1`` for any): then absence fails the session.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import nox
+
+nox.options.reuse_venv = "yes"
+nox.options.error_on_missing_interpreters = True
+nox.options.sessions = ["lint", "typecheck", "test-cpu", "test-mps", "contracts"]
+
+ROOT = Path(__file__).resolve().parent
+CONSTRAINTS = ROOT / "constraints.txt"
+STAGE_DIRS = ("core", "rope", "attention", "block", "backbone_v1")
+PACKAGES = [ROOT / "packages" / name for name in STAGE_DIRS]
+CONTRACTS = ROOT / "contracts"
+DEV_TOOLS = ("pytest", "pytest-xdist", "hypothesis", "numpy", "mypy", "ruff", "import-linter")
+DEV_ENV = ROOT / ".nox" / "_shared-dev"
+REPORTS = ROOT / "reports"
+REQUIRE_DEVICE_VAR = "NIELS_GPT_REQUIRE_DEVICE"
+
+
+def _fingerprint() -> str:
+    """Hash of everything that decides what the shared environment holds."""
+    digest = hashlib.sha256()
+    digest.update(sys.version.encode())
+    digest.update(" ".join(DEV_TOOLS).encode())
+    for path in (CONSTRAINTS, *(p / "pyproject.toml" for p in (*PACKAGES, CONTRACTS))):
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def _bin_dir(env: Path) -> Path:
+    return env / ("Scripts" if sys.platform == "win32" else "bin")
+
+
+def dev_env(session: nox.Session) -> dict[str, str]:
+    """Create or reuse the shared dev environment; return the variables to run in it."""
+    bin_dir = _bin_dir(DEV_ENV)
+    stamp = DEV_ENV / "niels-gpt-fingerprint"
+    wanted = _fingerprint()
+    if not (stamp.is_file() and stamp.read_text() == wanted):
+        session.log(f"building the shared dev environment in {DEV_ENV}")
+        session.run(sys.executable, "-m", "venv", "--clear", str(DEV_ENV), external=True)
+        editables = [arg for p in (*PACKAGES, CONTRACTS) for arg in ("-e", str(p))]
+        session.run(
+            str(bin_dir / "python"),
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "-c",
+            str(CONSTRAINTS),
+            *editables,
+            *DEV_TOOLS,
+            external=True,
+        )
+        stamp.write_text(wanted)
+    return {
+        "PATH": os.pathsep.join((str(bin_dir), os.environ.get("PATH", ""))),
+        "VIRTUAL_ENV": str(DEV_ENV),
+    }
+
+
+def run_dev(session: nox.Session, *args: str) -> None:
+    """Run a command from the shared dev environment."""
+    env = dev_env(session)
+    program = shutil.which(args[0], path=env["PATH"]) or args[0]
+    session.run(program, *args[1:], env=env, external=True)
+
+
+# --- device test sessions ---------------------------------------------------
+
+
+def _platform_can_have(kind: str) -> tuple[bool, str]:
+    """Cheap check without torch, so an absent device skips before any install."""
+    system, machine = platform.system(), platform.machine()
+    if kind == "mps" and not (system == "Darwin" and machine == "arm64"):
+        return False, f"MPS needs macOS on Apple silicon; this is {system} {machine}"
+    if kind == "cuda" and system != "Windows" and shutil.which("nvidia-smi") is None:
+        return False, "no NVIDIA driver found (nvidia-smi is not on PATH)"
+    return True, ""
+
+
+def _device_required(kind: str) -> bool:
+    wanted = {v.strip().lower() for v in os.environ.get(REQUIRE_DEVICE_VAR, "").split(",")}
+    return kind in wanted or "1" in wanted
+
+
+def _absent(session: nox.Session, kind: str, why: str) -> None:
+    if _device_required(kind):
+        session.error(f"{kind} is required ({REQUIRE_DEVICE_VAR}) but not available: {why}")
+    session.skip(f"{kind} not available on this machine, tests not run: {why}")
+
+
+def _torch_sees(session: nox.Session, kind: str) -> tuple[bool, str]:
+    env = dev_env(session)
+    probe = (
+        "import sys, torch\n"
+        f"kind = {kind!r}\n"
+        "ok = torch.cuda.is_available() if kind == 'cuda' else "
+        "(torch.backends.mps.is_built() and torch.backends.mps.is_available())\n"
+        "print('yes' if ok else 'no')\n"
+    )
+    python = str(_bin_dir(DEV_ENV) / "python")
+    out = subprocess.run(
+        [python, "-c", probe], env={**os.environ, **env}, capture_output=True, text=True
+    )
+    if out.returncode != 0:
+        session.error(f"could not probe {kind} with torch: {out.stderr.strip()}")
+    seen = out.stdout.strip() == "yes"
+    return seen, "" if seen else f"torch {kind} backend reports it unavailable"
+
+
+def device_tests(session: nox.Session, kind: str) -> None:
+    if kind != "cpu":
+        for check in (lambda: _platform_can_have(kind), lambda: _torch_sees(session, kind)):
+            present, why = check()
+            if not present:
+                _absent(session, kind, why)
+    REPORTS.mkdir(exist_ok=True)
+    run_dev(
+        session,
+        "pytest",
+        "packages",
+        f"--device={kind}",
+        "--numprocesses=auto",
+        f"--invariant-report={REPORTS / f'invariants-{kind}.json'}",
+        *session.posargs,
+    )
+
+
+@nox.session(name="test-cpu", venv_backend="none")
+def test_cpu(session: nox.Session) -> None:
+    """Every stage's tests on the CPU (posargs go to pytest)."""
+    device_tests(session, "cpu")
+
+
+@nox.session(name="test-mps", venv_backend="none")
+def test_mps(session: nox.Session) -> None:
+    """Every stage's tests on Apple MPS; skips in one line where there is none."""
+    device_tests(session, "mps")
+
+
+@nox.session(name="test-cuda", venv_backend="none")
+def test_cuda(session: nox.Session) -> None:
+    """Every stage's tests on CUDA; skips in one line where there is none."""
+    device_tests(session, "cuda")
+
+
+# --- quality sessions --------------------------------------------------------
+
+
+@nox.session(venv_backend="none")
+def lint(session: nox.Session) -> None:
+    """ruff check, ruff format --check, and the checker's import layers."""
+    run_dev(session, "ruff", "check", ".", *session.posargs)
+    run_dev(session, "ruff", "format", "--check", ".")
+    run_dev(session, "lint-imports", "--config", str(ROOT / "pyproject.toml"))
+
+
+@nox.session(venv_backend="none")
+def typecheck(session: nox.Session) -> None:
+    """mypy --strict over every package's sources and the checker."""
+    run_dev(session, "mypy", *session.posargs)
+
+
+@nox.session(name="test-contracts", venv_backend="none")
+def test_contracts(session: nox.Session) -> None:
+    """The checker's own tests, on real temporary git repositories."""
+    run_dev(session, "pytest", "contracts/tests", "--numprocesses=auto", *session.posargs)
+
+
+@nox.session(venv_backend="none")
+def contracts(session: nox.Session) -> None:
+    """The spec gate: no posargs checks every stage; ``-- --stage S --base REV`` gates a PR."""
+    run_dev(session, "contracts", "check", *(session.posargs or ["--reports", str(REPORTS)]))
+
+
+@nox.session
+def build(session: nox.Session) -> None:
+    """Build one wheel per package (stages and checker) into dist/."""
+    session.install("-c", str(CONSTRAINTS), "build", "hatchling")
+    dist = ROOT / "dist"
+    for project in (*PACKAGES, CONTRACTS):
+        session.run(
+            "python",
+            "-m",
+            "build",
+            "--wheel",
+            "--no-isolation",
+            "--outdir",
+            str(dist),
+            str(project),
+        )

@@ -1,0 +1,138 @@
+"""Transformer block v1: RMSNorm, SwiGLU MLP, pre-norm wiring.
+
+Shape notation::
+
+    B: batch, T: sequence length, C: width, F: MLP hidden width (cfg.d_ff)
+
+This is the seed path ``niels_gpt/model/blocks.py`` at its latest stage.
+``CausalSelfAttention`` is re-exported unchanged from the attention stage; the
+v0 block (LayerNorm + GELU) stays importable as ``niels_gpt.model.block_v0``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from niels_gpt.checks import InputError, check_features
+from niels_gpt.config import ModelConfig
+from niels_gpt.model import block_v0
+from niels_gpt.model.attention import CausalSelfAttention
+
+__all__ = ["MLP", "Block", "CausalSelfAttention", "RMSNorm", "init_weights"]
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm over the last dim, with a weight and no bias::
+
+        y = x / sqrt(mean(x**2, dim=-1) + eps) * weight
+
+    Input and output are ``(..., dim)``.
+    """
+
+    def __init__(self, dim: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
+            raise ValueError(f"RMSNorm dim must be a positive int, got {dim!r}")
+        if not eps > 0:
+            raise ValueError(f"RMSNorm eps must be > 0, got {eps!r}")
+        self.dim = dim
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Normalise ``x`` of shape ``(..., dim)``.
+
+        Raises:
+            InputError: the last dim of ``x`` is not ``dim``.
+        """
+        if x.ndim < 1 or x.shape[-1] != self.dim:
+            raise InputError(f"RMSNorm expects last dim {self.dim}, got shape {tuple(x.shape)}")
+        rms = torch.sqrt(x.pow(2).mean(dim=-1, keepdim=True) + self.eps)  # (..., 1)
+        return x / rms * self.weight  # (..., dim)
+
+    def extra_repr(self) -> str:
+        return f"{self.dim}, eps={self.eps}"
+
+
+class MLP(nn.Module):
+    """SwiGLU MLP: ``w_o(silu(w_g(x)) * w_a(x))``, all three Linear with bias.
+
+    ``w_a``, ``w_g``: ``C -> d_ff``; ``w_o``: ``d_ff -> C``. Input and output are
+    ``(B, T, C)``.
+    """
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.w_a = nn.Linear(cfg.C, cfg.d_ff, bias=True)
+        self.w_g = nn.Linear(cfg.C, cfg.d_ff, bias=True)
+        self.w_o = nn.Linear(cfg.d_ff, cfg.C, bias=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Map ``(B, T, C)`` to ``(B, T, C)``.
+
+        Raises:
+            InputError: ``x`` is not 3-D or its last dim is not ``C``.
+        """
+        check_features(x, "x", ndim=3, last=self.w_a.in_features)
+        a = self.w_a(x)  # (B, T, F)
+        g = self.w_g(x)  # (B, T, F)
+        h = F.silu(g) * a  # (B, T, F)
+        out: torch.Tensor = self.w_o(h)  # (B, T, C)
+        return out
+
+
+class Block(nn.Module):
+    """Pre-norm residual block v1, one dropout shared by both branches::
+
+        x = x + dropout(attn(ln1(x)))
+        x = x + dropout(mlp(ln2(x)))
+
+    ``ln1``/``ln2`` are ``RMSNorm(C, eps=1e-5)``; ``mlp`` is the SwiGLU ``MLP``.
+    """
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.ln1 = RMSNorm(cfg.C, eps=1e-5)
+        self.attn = CausalSelfAttention(cfg)
+        self.ln2 = RMSNorm(cfg.C, eps=1e-5)
+        self.mlp = MLP(cfg)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        *,
+        return_attn: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Run one block on ``x`` of shape ``(B, T, C)``.
+
+        Returns:
+            ``x`` of shape ``(B, T, C)``, or ``(x, attn_probs)`` with
+            ``return_attn=True``: the attention's own ``(B, H, T, T)``
+            pre-dropout probabilities.
+
+        Raises:
+            InputError: see ``CausalSelfAttention.forward``.
+        """
+        check_features(x, "x", ndim=3, last=self.ln1.dim)
+        if return_attn:
+            attn_out, probs = self.attn(self.ln1(x), return_attn=True)  # (B, T, C), (B, H, T, T)
+        else:
+            attn_out, probs = self.attn(self.ln1(x)), None  # (B, T, C)
+        x = x + self.dropout(attn_out)  # (B, T, C)
+        x = x + self.dropout(self.mlp(self.ln2(x)))  # (B, T, C)
+        if probs is not None:
+            return x, probs
+        return x
+
+
+@torch.no_grad()
+def init_weights(module: nn.Module) -> None:
+    """The v0 init (Linear/Embedding ~ Normal(0, 0.02), biases 0, LayerNorm 1/0),
+    plus ``RMSNorm`` weights set to 1. Use as ``model.apply(init_weights)``.
+    """
+    block_v0.init_weights(module)
+    if isinstance(module, RMSNorm):
+        nn.init.ones_(module.weight)

@@ -1,0 +1,103 @@
+"""Transformer block v0: pre-norm LayerNorm wiring, GELU MLP, GPT-style init.
+
+Shape notation::
+
+    B: batch, T: sequence length, C: width, F: MLP hidden width (cfg.d_ff)
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from niels_gpt.checks import check_features
+from niels_gpt.config import ModelConfig
+from niels_gpt.model.attention import CausalSelfAttention
+
+__all__ = ["MLP", "Block", "init_weights"]
+
+
+class MLP(nn.Module):
+    """``Linear(C, d_ff) -> GELU -> Linear(d_ff, C)``, both with bias.
+
+    Input and output are ``(B, T, C)``.
+    """
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.fc = nn.Linear(cfg.C, cfg.d_ff, bias=True)
+        self.act = nn.GELU()
+        self.proj = nn.Linear(cfg.d_ff, cfg.C, bias=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Map ``(B, T, C)`` to ``(B, T, C)``.
+
+        Raises:
+            InputError: ``x`` is not 3-D or its last dim is not ``C``.
+        """
+        check_features(x, "x", ndim=3, last=self.fc.in_features)
+        h = self.act(self.fc(x))  # (B, T, F)
+        out: torch.Tensor = self.proj(h)  # (B, T, C)
+        return out
+
+
+class Block(nn.Module):
+    """Pre-norm residual block with one dropout shared by both branches::
+
+    x = x + dropout(attn(ln1(x)))
+    x = x + dropout(mlp(ln2(x)))
+    """
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.ln1 = nn.LayerNorm(cfg.C, eps=1e-5)
+        self.attn = CausalSelfAttention(cfg)
+        self.ln2 = nn.LayerNorm(cfg.C, eps=1e-5)
+        self.mlp = MLP(cfg)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        *,
+        return_attn: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Run one block on ``x`` of shape ``(B, T, C)``.
+
+        Returns:
+            ``x`` of shape ``(B, T, C)``, or ``(x, attn_probs)`` with
+            ``return_attn=True``, ``attn_probs`` being exactly what the
+            attention returned: ``(B, H, T, T)``, pre-dropout.
+
+        Raises:
+            InputError: see ``CausalSelfAttention.forward``.
+        """
+        check_features(x, "x", ndim=3, last=self.ln1.normalized_shape[0])
+        if return_attn:
+            attn_out, probs = self.attn(self.ln1(x), return_attn=True)  # (B, T, C), (B, H, T, T)
+        else:
+            attn_out, probs = self.attn(self.ln1(x)), None  # (B, T, C)
+        x = x + self.dropout(attn_out)  # (B, T, C)
+        x = x + self.dropout(self.mlp(self.ln2(x)))  # (B, T, C)
+        if probs is not None:
+            return x, probs
+        return x
+
+
+@torch.no_grad()
+def init_weights(module: nn.Module) -> None:
+    """GPT-style init of one module; use as ``model.apply(init_weights)``.
+
+    - ``nn.Linear`` and ``nn.Embedding``: weight ~ Normal(0, 0.02); Linear bias 0.
+    - ``nn.LayerNorm``: weight 1, bias 0 (where they exist).
+    - anything else: untouched, so any module tree is safe.
+    """
+    if isinstance(module, (nn.Linear, nn.Embedding)):
+        nn.init.normal_(module.weight, mean=0.0, std=0.02)
+    if isinstance(module, nn.Linear) and module.bias is not None:
+        nn.init.zeros_(module.bias)
+    if isinstance(module, nn.LayerNorm):
+        if module.weight is not None:
+            nn.init.ones_(module.weight)
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)
