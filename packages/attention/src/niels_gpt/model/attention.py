@@ -40,6 +40,9 @@ class CausalSelfAttention(nn.Module):
     rope_cos: torch.Tensor
     mask: torch.Tensor
 
+    #: Query rows scored per block in the attention core (see ``_attend``).
+    QUERY_BLOCK: int = 128
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.cfg = cfg
@@ -87,19 +90,54 @@ class CausalSelfAttention(nn.Module):
         check_length(T, self.cfg.T)
         H, D = self.n_head, self.head_dim
 
-        q, k, v = self.qkv(x).split(C, dim=-1)  # (B, T, C) each
-        q = q.view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
-        k = k.view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
-        v = v.view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
+        q, k, v = self.qkv(x).split(C, dim=-1)  # (B, T, C) each, views of one buffer
+        q = q.view(B, T, H, D).transpose(1, 2)  # (B, H, T, D) strided view
+        k = k.view(B, T, H, D).transpose(1, 2)  # (B, H, T, D) strided view
+        v = v.view(B, T, H, D).transpose(1, 2)  # (B, H, T, D) strided view
         q, k = rope.apply_rope(q, k, self.rope_sin, self.rope_cos)  # (B, H, T, D) each
-
-        scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(D))  # (B, H, T, T)
-        visible = self.mask[:, :, :T, :T]  # (1, 1, T, T)
-        scores = scores.masked_fill(~visible, torch.finfo(scores.dtype).min)  # (B, H, T, T)
-        probs = torch.softmax(scores, dim=-1)  # (B, H, T, T)
-        out = self.attn_dropout(probs) @ v  # (B, H, T, D)
-        out = out.transpose(1, 2).reshape(B, T, C)  # (B, T, C)
-        y: torch.Tensor = self.resid_dropout(self.proj(out))  # (B, T, C)
-        if return_attn:
+        out, probs = self._attend(q, k, v, return_attn=return_attn)  # (B, T, H, D)
+        y: torch.Tensor = self.resid_dropout(self.proj(out.view(B, T, C)))  # (B, T, C)
+        if probs is not None:  # exactly when return_attn is true
             return y, probs
         return y
+
+    def _attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, return_attn: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The attention core: ``softmax(mask(q k^T / sqrt(D))) @ v``, dropout on the probs.
+
+        Queries go in blocks of ``QUERY_BLOCK`` rows. A block of rows ``[r0, r1)``
+        scores only keys ``[0, r1)``: every later key is masked for all of those
+        rows, so its probability is exactly zero and skipping it changes nothing
+        but the work (about half the matmul and softmax work at long ``T``). Each
+        block still runs the full recipe: scale, ``masked_fill`` with
+        ``finfo.min`` where ``~mask`` (a view of the buffer), softmax over the
+        last dim, ``attn_dropout`` on the probabilities, then ``@ v``. With
+        ``T <= QUERY_BLOCK`` there is one block and this is the textbook code.
+
+        Returns ``(out, probs)``: ``out`` is ``(B, T, H, D)`` contiguous (so the
+        head merge is a view); ``probs`` is the ``(B, H, T, T)`` pre-dropout
+        softmax when ``return_attn`` is true (zeros above the diagonal, as the
+        softmax gives), else ``None``.
+        """
+        B, H, T, D = q.shape
+        scale = 1.0 / math.sqrt(D)
+        v = v.contiguous()  # (B, H, T, D); once here, not once per block inside matmul
+        out = q.new_empty(B, T, H, D)  # (B, T, H, D), filled block by block
+        probs_full: torch.Tensor | None = None
+        if return_attn and T > self.QUERY_BLOCK:
+            probs_full = q.new_zeros(B, H, T, T)  # (B, H, T, T)
+        for r0 in range(0, T, self.QUERY_BLOCK):
+            r1 = min(T, r0 + self.QUERY_BLOCK)
+            scores = q[:, :, r0:r1] @ k[:, :, :r1].transpose(-2, -1)  # (B, H, R, r1)
+            scores = scores.mul_(scale)  # (B, H, R, r1), in place: matmul keeps no output
+            visible = self.mask[:, :, r0:r1, :r1]  # (1, 1, R, r1) view of the buffer
+            scores = scores.masked_fill_(~visible, torch.finfo(scores.dtype).min)  # (B, H, R, r1)
+            probs = torch.softmax(scores, dim=-1)  # (B, H, R, r1)
+            block = self.attn_dropout(probs) @ v[:, :, :r1]  # (B, H, R, D)
+            out[:, r0:r1] = block.transpose(1, 2)  # (B, R, H, D) into (B, T, H, D)
+            if probs_full is not None:
+                probs_full[:, :, r0:r1, :r1] = probs  # (B, H, R, r1) into (B, H, T, T)
+        if not return_attn:
+            return out, None
+        return out, (probs if probs_full is None else probs_full)  # (B, H, T, T)

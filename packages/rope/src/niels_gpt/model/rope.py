@@ -136,11 +136,28 @@ def _check_apply_inputs(
         raise _fail(f"apply_rope: cache too short: Tcache={sin.shape[-2]} < Tq={q.shape[-2]}")
 
 
-def _rotate(x: torch.Tensor, sin: torch.Tensor, cos: torch.Tensor) -> torch.Tensor:
-    pairs = x.reshape(*x.shape[:-1], x.shape[-1] // 2, 2)  # (B, H, Tq, D/2, 2) view
-    a, b = pairs.unbind(-1)  # (B, H, Tq, D/2) each
-    rotated = torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1)  # (B, H, Tq, D/2, 2)
-    return rotated.flatten(-2)  # (B, H, Tq, D)
+def _pair_tables(sin: torch.Tensor, cos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Spread the ``(1, 1, Tq, D/2)`` tables over all ``D`` channels.
+
+    ``cos2[..., 2i] = cos2[..., 2i+1] = cos[..., i]`` and ``sin2 = (-sin, +sin)``
+    per pair, so the rotation becomes ``x * cos2 + swap(x) * sin2`` with full-width
+    contiguous operands. The tables are tiny next to ``q``/``k`` (no batch or
+    head dims) and keep the dtype and device of ``sin``/``cos``.
+    """
+    cos2 = torch.stack((cos, cos), dim=-1).flatten(-2)  # (1, 1, Tq, D)
+    sin2 = torch.stack((-sin, sin), dim=-1).flatten(-2)  # (1, 1, Tq, D)
+    return sin2, cos2
+
+
+def _rotate(x: torch.Tensor, sin2: torch.Tensor, cos2: torch.Tensor) -> torch.Tensor:
+    # One new buffer per call, filled with swap(x): [x1, x0, x3, x2, ...]. Two strided
+    # half-copies are far cheaper than stacking (..., D/2, 2) pairs, whose inner loop
+    # has length 2. The rotation then runs in place on that contiguous buffer:
+    #   even channel: b*(-sin) + a*cos;  odd channel: a*sin + b*cos.
+    out = torch.empty_like(x, memory_format=torch.contiguous_format)  # (B, H, Tq, D)
+    out[..., 0::2] = x[..., 1::2]  # (B, H, Tq, D/2) strided view of out
+    out[..., 1::2] = x[..., 0::2]  # (B, H, Tq, D/2) strided view of out
+    return out.mul_(sin2).addcmul_(x, cos2)  # (B, H, Tq, D)
 
 
 def apply_rope(
@@ -166,6 +183,5 @@ def apply_rope(
     """
     _check_apply_inputs(q, k, sin, cos)
     t = q.shape[-2]
-    sin_t = sin[:, :, :t, :]  # (1, 1, Tq, D/2)
-    cos_t = cos[:, :, :t, :]  # (1, 1, Tq, D/2)
-    return _rotate(q, sin_t, cos_t), _rotate(k, sin_t, cos_t)  # (B, H, Tq, D) each
+    sin2, cos2 = _pair_tables(sin[:, :, :t, :], cos[:, :, :t, :])  # (1, 1, Tq, D) each
+    return _rotate(q, sin2, cos2), _rotate(k, sin2, cos2)  # (B, H, Tq, D) each
