@@ -1,0 +1,158 @@
+"""Invariant x device outcomes, from the reports ``test-<device>`` sessions write.
+
+A report is ``reports/invariants-<device>.json`` (see the pytest plugin). A
+device without a report, or whose tests for an invariant were all skipped,
+did not verify that invariant: its row is NOT RUN, never KEPT, and it is
+BROKEN when the run requires that device (``--require-device``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from niels_gpt_contracts.errors import ConfigError
+from niels_gpt_contracts.result import BROKEN, KEPT, NOT_RUN, Outcome, Violation
+from niels_gpt_contracts.spec import Spec
+
+DEVICES = ("cpu", "mps", "cuda")
+
+
+@dataclass
+class DeviceReport:
+    device: str
+    path: str
+    exitstatus: int
+    invariants: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+def load_report(path: Path, device: str | None = None) -> DeviceReport:
+    """Read and validate one report; ConfigError on anything unexpected."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as err:
+        raise ConfigError(
+            f"{path}: expected an invariant report, found none ({err.strerror})"
+        ) from None
+    except json.JSONDecodeError as err:
+        raise ConfigError(
+            f"{path}:{err.lineno}: expected JSON, found a syntax error: {err.msg}"
+        ) from None
+    if not isinstance(data, dict) or not isinstance(data.get("invariants"), dict):
+        raise ConfigError(
+            f"{path}: expected an object with an 'invariants' object, found "
+            f"{type(data).__name__} without one"
+        )
+    found = data.get("device")
+    if found not in DEVICES or (device is not None and found != device):
+        raise ConfigError(
+            f"{path}: expected device {device or '/'.join(DEVICES)!r}, found {found!r}"
+        )
+    status = data.get("exitstatus", 0)
+    if not isinstance(status, int):
+        raise ConfigError(f"{path}: expected an int 'exitstatus', found {status!r}")
+    for inv, counts in data["invariants"].items():
+        ok = isinstance(counts, dict) and all(
+            isinstance(counts.get(k, 0), int) for k in ("passed", "failed", "skipped")
+        )
+        if not ok:
+            raise ConfigError(f"{path}: expected counts for invariant {inv!r}, found {counts!r}")
+    return DeviceReport(found, str(path), status, data["invariants"])
+
+
+def load_reports(directory: Path | None, files: list[Path]) -> dict[str, DeviceReport | None]:
+    """Reports by device: from ``directory`` (missing files are NOT RUN) and ``files``."""
+    reports: dict[str, DeviceReport | None] = {}
+    if directory is not None:
+        if directory.exists() and not directory.is_dir():
+            raise ConfigError(f"--reports: expected a directory, found a file at {directory}")
+        for device in DEVICES:
+            candidate = directory / f"invariants-{device}.json"
+            reports[device] = load_report(candidate, device) if candidate.exists() else None
+    for path in files:
+        report = load_report(path)
+        reports[report.device] = report
+    return reports
+
+
+def _test_path(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
+def device_outcome(spec: Spec, device: str, report: DeviceReport | None, required: bool) -> Outcome:
+    check = f"device:{device}"
+    ids = [f"{spec.id}.{inv.id}" for inv in spec.invariants]
+    lines = {f"{spec.id}.{inv.id}": inv.line for inv in spec.invariants}
+    if report is None:
+        why = f"no report for {device} (tests not run there)"
+        if required:
+            v = Violation(
+                "device.not-run",
+                spec.path,
+                None,
+                f"{why}, but the run requires {device}",
+                spec.id,
+                check,
+            )
+            return Outcome(spec.id, check, BROKEN, why, [v])
+        return Outcome(spec.id, check, NOT_RUN, why)
+    if not ids:
+        return Outcome(spec.id, check, KEPT, "no invariants declared")
+    failed: list[Violation] = []
+    unverified: list[str] = []
+    for inv in ids:
+        counts = report.invariants.get(inv, {})
+        if counts.get("failed", 0):
+            tests = counts.get("failed_tests") or counts.get("tests") or []
+            path = _test_path(tests[0]) if tests else spec.path
+            failed.append(
+                Violation(
+                    "device.failed",
+                    path,
+                    None if tests else lines[inv],
+                    f"invariant {inv!r}: {counts['failed']} test(s) failed on "
+                    f"{device}: {', '.join(map(str, tests)) or '(unnamed)'}",
+                    spec.id,
+                    check,
+                )
+            )
+        elif not counts.get("passed", 0):
+            unverified.append(inv)
+    verified = len(ids) - len(failed) - len(unverified)
+    summary = f"{verified}/{len(ids)} invariants passed on {device}"
+    if failed:
+        return Outcome(spec.id, check, BROKEN, summary, failed)
+    if not unverified:
+        return Outcome(spec.id, check, KEPT, summary)
+    summary += f"; not verified (skipped or absent): {', '.join(unverified)}"
+    if report.exitstatus != 0:
+        vs = [
+            Violation(
+                "device.incomplete",
+                spec.path,
+                lines[inv],
+                f"invariant {inv!r} not "
+                f"verified on {device}: the run ended with pytest exit status "
+                f"{report.exitstatus} ({report.path})",
+                spec.id,
+                check,
+            )
+            for inv in unverified
+        ]
+        return Outcome(spec.id, check, BROKEN, summary, vs)
+    if required:
+        vs = [
+            Violation(
+                "device.not-run",
+                spec.path,
+                lines[inv],
+                f"invariant {inv!r} was skipped on {device}, which the run requires",
+                spec.id,
+                check,
+            )
+            for inv in unverified
+        ]
+        return Outcome(spec.id, check, BROKEN, summary, vs)
+    return Outcome(spec.id, check, NOT_RUN, summary)

@@ -1,0 +1,160 @@
+"""Invariant coverage: every spec invariant is claimed by a test, and every
+claim names a spec invariant.
+
+Claims are read statically from the stage test files
+(``packages/*/tests/**/*.py``): any call ``<...>.mark.invariant("<stage>.<id>")``
+counts, as a decorator, in ``pytestmark`` or in ``pytest.param(marks=...)``.
+A claim that is not exactly one string literal is malformed.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from niels_gpt_contracts.gitdiff import Tree
+from niels_gpt_contracts.result import Violation
+from niels_gpt_contracts.spec import Spec, compile_patterns
+
+TEST_FILES = compile_patterns(["/packages/*/tests/**/*.py"])
+_ID = re.compile(r"^[a-z][a-z0-9_]*\.[A-Za-z][A-Za-z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class Claim:
+    path: str
+    line: int
+    id: str | None  # None: malformed marker
+    problem: str = ""
+
+
+def _is_marker(node: ast.AST) -> bool:
+    return (
+        isinstance(node, ast.Attribute)
+        and node.attr == "invariant"
+        and (
+            (isinstance(node.value, ast.Attribute) and node.value.attr == "mark")
+            or (isinstance(node.value, ast.Name) and node.value.id == "mark")
+        )
+    )
+
+
+def scan_claims(tree: Tree) -> list[Claim]:
+    """Every invariant marker in the stage test files of ``tree``."""
+    paths = [f for f in tree.files() if TEST_FILES.match_file(f)]
+    claims: list[Claim] = []
+    for path, text in sorted(tree.read_many(paths).items()):
+        if text is None:
+            continue
+        try:
+            mod = ast.parse(text)
+        except SyntaxError as err:
+            claims.append(
+                Claim(
+                    path,
+                    err.lineno or 1,
+                    None,
+                    f"cannot parse ({err.msg}), so its invariant claims cannot be read",
+                )
+            )
+            continue
+        calls = {id(n.func) for n in ast.walk(mod) if isinstance(n, ast.Call)}
+        for node in ast.walk(mod):
+            if isinstance(node, ast.Call) and _is_marker(node.func):
+                arg = node.args[0] if len(node.args) == 1 and not node.keywords else None
+                if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+                    if _ID.match(arg.value):
+                        claims.append(Claim(path, node.lineno, arg.value))
+                    else:
+                        claims.append(
+                            Claim(
+                                path,
+                                node.lineno,
+                                None,
+                                f"expected an id '<stage>.<id>', found {arg.value!r}",
+                            )
+                        )
+                else:
+                    claims.append(
+                        Claim(
+                            path,
+                            node.lineno,
+                            None,
+                            "expected one string "
+                            f"literal '<stage>.<id>', found {ast.unparse(node)!r}",
+                        )
+                    )
+            elif isinstance(node, ast.Attribute) and _is_marker(node) and id(node) not in calls:
+                claims.append(
+                    Claim(
+                        path,
+                        node.lineno,
+                        None,
+                        "expected mark.invariant('<stage>.<id>'), found the marker without an id",
+                    )
+                )
+    return claims
+
+
+def _owner(path: str, specs: Mapping[str, Spec]) -> str | None:
+    return next((s.id for s in specs.values() if path.startswith(s.package + "/")), None)
+
+
+def check_invariants(
+    spec: Spec, specs: Mapping[str, Spec], claims: list[Claim]
+) -> tuple[list[Violation], int]:
+    """Coverage of ``spec``'s invariants; bad claims in its files or naming it."""
+    known = {i for s in specs.values() for i in s.invariant_ids()}
+    out: list[Violation] = []
+    claimed: set[str] = set()
+    for claim in claims:
+        named = claim.id.split(".", 1)[0] if claim.id else None
+        owner = _owner(claim.path, specs)
+        if claim.id in known:
+            if named == spec.id:
+                claimed.add(claim.id)
+            continue
+        mine = owner == spec.id or (named == spec.id) or (owner is None and named is None)
+        if not mine:
+            continue
+        if claim.id is None:
+            out.append(
+                Violation(
+                    "invariant.malformed",
+                    claim.path,
+                    claim.line,
+                    claim.problem,
+                    spec.id,
+                    "invariants",
+                )
+            )
+        else:
+            ids = sorted(i.split(".", 1)[1] for i in spec.invariant_ids())
+            hint = f" (stage {named!r} declares: {', '.join(ids)})" if named == spec.id else ""
+            out.append(
+                Violation(
+                    "invariant.unknown",
+                    claim.path,
+                    claim.line,
+                    f"claims {claim.id!r}, which no spec declares{hint}",
+                    spec.id,
+                    "invariants",
+                )
+            )
+    for inv in spec.invariants:
+        full = f"{spec.id}.{inv.id}"
+        if full not in claimed:
+            out.append(
+                Violation(
+                    "invariant.unclaimed",
+                    spec.path,
+                    inv.line,
+                    f"invariant {full!r} is claimed by no test "
+                    f"(@pytest.mark.invariant({full!r})): {inv.text}",
+                    spec.id,
+                    "invariants",
+                )
+            )
+    return out, len(claimed)

@@ -1,0 +1,117 @@
+"""Path rules: which changed paths a stage's PR may carry.
+
+Each changed path is judged in this order, first match wins:
+
+1. a meta path (``spec.META_PATTERNS``) -> ``path.meta``;
+2. a ``must_not_change`` pattern -> ``path.forbidden``;
+3. a ``may_change`` pattern -> allowed;
+4. a ``line_scoped`` permission -> allowed only if every changed line is one
+   the permission covers (``path.line-scope``); an added, deleted, renamed or
+   retyped file is never covered;
+5. anything else -> ``path.not-allowed``.
+
+A rename is judged as both of its paths; deletions and type changes
+(file <-> symlink) count like any other change.
+"""
+
+from __future__ import annotations
+
+from niels_gpt_contracts.checks import lines
+from niels_gpt_contracts.gitdiff import Change, Tree
+from niels_gpt_contracts.result import Violation
+from niels_gpt_contracts.spec import META_SPEC, LineScope, Spec
+
+_VERB = {
+    "A": "added",
+    "D": "deleted",
+    "M": "modified",
+    "T": "changed type (file <-> symlink)",
+    "C": "copied",
+    "U": "unmerged",
+}
+
+
+def _verb(change: Change, path: str) -> str:
+    if change.status == "R":
+        return (
+            f"renamed to {change.path!r}"
+            if path == change.old_path
+            else f"renamed from {change.old_path!r}"
+        )
+    if change.status == "C" and path == change.path:
+        return f"copied from {change.old_path!r}"
+    return _VERB.get(change.status, f"changed (git status {change.status})")
+
+
+def check_paths(
+    spec: Spec, changes: list[Change], base: Tree, head: Tree
+) -> tuple[list[Violation], int]:
+    """Violations of the path rules, and how many changed paths were judged."""
+    out: list[Violation] = []
+    judged = 0
+    scoped: list[tuple[str, LineScope, Change]] = []
+
+    def add(rule: str, path: str, message: str, line: int | None = None) -> None:
+        out.append(Violation(rule, path, line, message, spec.id, "paths", changed=True))
+
+    for change in changes:
+        for path in change.paths():
+            if change.status == "C" and path == change.old_path:
+                continue  # a copy's source is unchanged
+            judged += 1
+            verb = _verb(change, path)
+            if META_SPEC.match_file(path):
+                add(
+                    "path.meta",
+                    path,
+                    f"{verb}: a meta path (specs, checker, CI, nox, "
+                    "constraints, root pyproject) that no stage PR may change",
+                )
+            elif spec.must_not_match.match_file(path):
+                add(
+                    "path.forbidden",
+                    path,
+                    f"{verb}: matches must_not_change of stage {spec.id!r} ({spec.path})",
+                )
+            elif spec.may_match.match_file(path):
+                continue
+            else:
+                scope = next((s for s in spec.line_scoped if s.matcher.match_file(path)), None)
+                if scope is None:
+                    add(
+                        "path.not-allowed",
+                        path,
+                        f"{verb}: outside the may_change patterns of "
+                        f"stage {spec.id!r} ({spec.path})",
+                    )
+                elif change.status != "M":
+                    add(
+                        "path.line-scope",
+                        path,
+                        f"{verb}: under line-scoped permission "
+                        f"{scope.id!r} a file may only be edited in place ({scope.description})",
+                    )
+                else:
+                    scoped.append((path, scope, change))
+
+    if scoped:
+        before = base.read_many(p for p, _, _ in scoped)
+        after = head.read_many(p for p, _, _ in scoped)
+        for path, scope, _change in scoped:
+            old, new = before.get(path), after.get(path)
+            if old is None or new is None:
+                add(
+                    "path.line-scope",
+                    path,
+                    f"not a readable text file on both sides, so "
+                    f"permission {scope.id!r} cannot cover it ({scope.description})",
+                )
+                continue
+            for line, problem in lines.judge(scope, old, new):
+                add(
+                    "path.line-scope",
+                    path,
+                    f"{problem} (permission {scope.id!r}: {scope.description})",
+                    line,
+                )
+    return out, judged

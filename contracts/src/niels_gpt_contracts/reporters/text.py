@@ -1,0 +1,31 @@
+"""Plain text: one KEPT/BROKEN/NOT RUN line per stage and check, the
+violations under their row, and a summary line."""
+
+from __future__ import annotations
+
+from niels_gpt_contracts.reporters.common import location, ordered, summary
+from niels_gpt_contracts.result import Result
+
+
+def render(result: Result) -> str:
+    out: list[str] = []
+    if result.mode == "pr":
+        head = result.head[:12] if result.head else "the working tree"
+        out.append(
+            f"contracts: gating stage {result.stages[0]} from merge-base "
+            f"{(result.merge_base or '')[:12]} to {head} "
+            f"({result.changed_paths} changed paths)"
+        )
+    else:
+        out.append(f"contracts: checking {len(result.stages)} stage(s) on the working tree")
+    width = max((len(s) for s in result.stages), default=0)
+    for o in result.outcomes:
+        out.append(f"{o.status:<7}  {o.stage:<{width}}  {o.check:<11}  {o.summary}")
+        for v in ordered(o.violations):
+            out.append(f"    {location(v)}: {v.rule}: {v.message}")
+    out.append(summary(result))
+    return "\n".join(out) + "\n"
+
+
+def render_error(message: str) -> str:
+    return f"contracts: error: {message}\n"

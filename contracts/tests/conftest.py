@@ -1,0 +1,32 @@
+"""Fixtures for the checker's tests; the helpers live in ``gatekit``.
+
+pytest runs with ``--import-mode=importlib``, so this directory is put on
+``sys.path`` here for the test modules to import ``gatekit``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from gatekit import Repo, make_repo
+
+
+@pytest.fixture(scope="session")
+def template_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_repo(tmp_path_factory.mktemp("template") / "repo").root
+
+
+@pytest.fixture
+def repo(template_repo: Path, tmp_path: Path) -> Repo:
+    """A fresh copy of the template repository, on a PR branch ``pr``."""
+    dest = tmp_path / "repo"
+    shutil.copytree(template_repo, dest, symlinks=True)
+    r = Repo(dest)
+    r.branch("pr")
+    return r

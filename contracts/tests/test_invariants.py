@@ -1,0 +1,128 @@
+"""Invariant coverage and invariant x device outcomes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from gatekit import Repo, rules
+
+ALPHA_TEST = "packages/alpha/tests/test_alpha.py"
+
+
+def report(path: Path, device: str, invariants: dict[str, dict[str, int]], status: int = 0) -> None:
+    payload = {
+        "device": device,
+        "exitstatus": status,
+        "invariants": {
+            k: {"passed": 0, "failed": 0, "skipped": 0, "tests": [f"{ALPHA_TEST}::t"], **v}
+            for k, v in invariants.items()
+        },
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload))
+
+
+ALL_PASS = {
+    "alpha.keeps_length": {"passed": 1},
+    "alpha.turns_compose": {"passed": 2},
+    "beta.uses_alpha": {"passed": 1},
+}
+
+
+def test_unclaimed_invariant_names_the_spec_line(repo: Repo) -> None:
+    repo.replace(ALPHA_TEST, '@pytest.mark.invariant("alpha.turns_compose")\n', "")
+    code, out = repo.gate_json("--no-api")
+    assert code == 1
+    (v,) = out["violations"]
+    assert (v["rule"], v["path"], v["line"]) == ("invariant.unclaimed", "specs/alpha.toml", 50)
+
+
+def test_marker_naming_no_invariant_fails(repo: Repo) -> None:
+    repo.replace(
+        ALPHA_TEST,
+        '"alpha.turns_compose"',
+        '"alpha.turns_compose")\n@pytest.mark.invariant("alpha.nope"',
+    )
+    repo.replace(
+        "packages/beta/tests/test_beta.py",
+        '"beta.uses_alpha"',
+        '"beta.uses_alpha")\n@pytest.mark.invariant("gamma.x"',
+    )
+    code, out = repo.gate_json("--no-api")
+    assert code == 1
+    assert {(v["rule"], v["path"], v["line"]) for v in out["violations"]} == {
+        ("invariant.unknown", ALPHA_TEST, 14),
+        ("invariant.unknown", "packages/beta/tests/test_beta.py", 7),
+    }
+
+
+def test_malformed_marker_fails(repo: Repo) -> None:
+    repo.replace(
+        ALPHA_TEST, '"alpha.turns_compose"', '"alpha.turns_compose")\n@pytest.mark.invariant(NAME'
+    )
+    code, out = repo.gate_json("--no-api")
+    assert code == 1
+    assert rules(out) == {("invariant.malformed", ALPHA_TEST)}
+
+
+def test_device_reports_all_passing(repo: Repo, tmp_path: Path) -> None:
+    report(tmp_path / "r" / "invariants-cpu.json", "cpu", ALL_PASS)
+    code, out = repo.gate_json("--no-api", "--reports", str(tmp_path / "r"))
+    assert code == 0, out["violations"]
+    status = {(o["stage"], o["check"]): o["status"] for o in out["outcomes"]}
+    assert status[("alpha", "device:cpu")] == "KEPT"
+    assert status[("alpha", "device:mps")] == "NOT RUN"
+    assert status[("beta", "device:cuda")] == "NOT RUN"
+    assert "not run on cuda, mps" in out["summary"]
+
+
+def test_missing_required_device_is_broken(repo: Repo, tmp_path: Path) -> None:
+    report(tmp_path / "r" / "invariants-cpu.json", "cpu", ALL_PASS)
+    code, out = repo.gate_json(
+        "--no-api", "--reports", str(tmp_path / "r"), "--require-device", "cpu,mps"
+    )
+    assert code == 1
+    assert {v["rule"] for v in out["violations"]} == {"device.not-run"}
+
+
+def test_failed_invariant_names_the_test_file(repo: Repo, tmp_path: Path) -> None:
+    report(
+        tmp_path / "r" / "invariants-cpu.json",
+        "cpu",
+        {**ALL_PASS, "alpha.keeps_length": {"passed": 1, "failed": 1}},
+        status=1,
+    )
+    code, out = repo.gate_json("--no-api", "--reports", str(tmp_path / "r"))
+    assert code == 1
+    assert rules(out) == {("device.failed", ALPHA_TEST)}
+
+
+def test_skipped_only_is_not_run_never_kept(repo: Repo, tmp_path: Path) -> None:
+    report(tmp_path / "r" / "invariants-mps.json", "mps", {k: {"skipped": 1} for k in ALL_PASS})
+    code, out = repo.gate_json("--no-api", "--reports", str(tmp_path / "r"))
+    assert code == 0
+    mps = [o for o in out["outcomes"] if o["check"] == "device:mps"]
+    assert {o["status"] for o in mps} == {"NOT RUN"}
+    code, out = repo.gate_json(
+        "--no-api", "--reports", str(tmp_path / "r"), "--require-device", "mps"
+    )
+    assert code == 1
+
+
+def test_errored_run_with_unverified_invariants_is_broken(repo: Repo, tmp_path: Path) -> None:
+    report(
+        tmp_path / "r" / "invariants-cpu.json", "cpu", {"beta.uses_alpha": {"passed": 1}}, status=2
+    )
+    code, out = repo.gate_json("--no-api", "--reports", str(tmp_path / "r"))
+    assert code == 1
+    assert {v["rule"] for v in out["violations"]} == {"device.incomplete"}
+    assert out["stages"] == {"alpha": "BROKEN", "beta": "KEPT"}
+
+
+def test_malformed_report_is_a_config_error(repo: Repo, tmp_path: Path) -> None:
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "invariants-cpu.json").write_text("{not json")
+    code, _, err = repo.gate("--no-api", "--reports", str(tmp_path / "r"))
+    assert code == 2
+    assert "invariants-cpu.json:1: expected JSON" in err

@@ -1,0 +1,32 @@
+"""The spec model on its own: the repository's specs, the line finder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from niels_gpt_contracts.spec import load_schema, parse_specs
+from niels_gpt_contracts.tomllines import key_lines
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_repository_specs_are_valid() -> None:
+    schema = load_schema((ROOT / "specs" / "spec.schema.json").read_text())
+    texts = {f"specs/{p.name}": p.read_text() for p in (ROOT / "specs").glob("*.toml")}
+    specs = parse_specs(texts, schema)
+    assert set(specs) == {"core", "rope", "attention", "block", "backbone_v1"}
+    assert specs["backbone_v1"].line_scoped[0].keyword == "V"
+
+
+def test_key_lines() -> None:
+    text = (
+        'a = 1\n[t]\nb = "x"\nc.d = [\n  "p",\n  "q",\n]\n'
+        '[[arr]]\nid = \'one\'\n[arr.sub]\nk = 2\n[[arr]]\nid = """two\n"""\n'
+        "e = {f = 1, g = [1, 2]}\n"
+    )
+    lines = key_lines(text)
+    assert lines[("a",)] == 1
+    assert lines[("t", "c", "d", 1)] == 6
+    assert lines[("arr", 0, "sub", "k")] == 11
+    assert lines[("arr", 1, "id")] == 13
+    assert lines[("arr", 1, "e", "g", 1)] == 15
