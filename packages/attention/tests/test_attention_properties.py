@@ -232,3 +232,54 @@ def test_bad_input_raises_a_message_with_expected_and_actual(device: torch.devic
         assert "got" in message and "must" in message, (case, message)
     with pytest.raises(AssertionError, match=r"\[1, 6\].*got 7"):
         attn(torch.randn(1, 7, cfg.C, device=device))
+
+
+def dense_reference(
+    x: torch.Tensor, w_qkv: torch.Tensor, w_proj: torch.Tensor, H: int, theta: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Vectorised float64 reference for long sequences: complex RoPE, -inf mask."""
+    x, w_qkv, w_proj = (t.detach().to("cpu", torch.float64) for t in (x, w_qkv, w_proj))
+    B, T, C = x.shape
+    D = C // H
+    q, k, v = (x @ w_qkv.T).split(C, dim=-1)  # (B, T, C) each
+    q, k, v = (t.reshape(B, T, H, D).permute(0, 2, 1, 3) for t in (q, k, v))  # (B, H, T, D)
+    pos = torch.arange(T, dtype=torch.float64)[:, None]  # (T, 1)
+    inv_freq = theta ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)  # (D/2,)
+    turn = torch.polar(
+        torch.ones(T, D // 2, dtype=torch.float64),
+        (pos * inv_freq),  # (T, D/2)
+    )
+    turn = torch.complex(turn.real.float().double(), turn.imag.float().double())  # float32 tables
+
+    def rot(t: torch.Tensor) -> torch.Tensor:
+        z = torch.view_as_complex(t.reshape(B, H, T, D // 2, 2).contiguous()) * turn
+        return torch.view_as_real(z).reshape(B, H, T, D)  # (B, H, T, D)
+
+    scores = rot(q) @ rot(k).transpose(-2, -1) / math.sqrt(D)  # (B, H, T, T)
+    future = torch.ones(T, T, dtype=torch.bool).triu(1)  # (T, T)
+    probs = scores.masked_fill(future, float("-inf")).softmax(-1)  # (B, H, T, T)
+    out = (probs @ v).permute(0, 2, 1, 3).reshape(B, T, C)  # (B, T, C)
+    return out @ w_proj.T, probs
+
+
+@pytest.mark.invariant("attention.matches_reference")
+@pytest.mark.parametrize("T", [129, 300])
+def test_long_sequences_match_dense_reference(
+    device: torch.device, float_dtypes: tuple[torch.dtype, ...], tol: Tol, T: int
+) -> None:
+    """Sequences longer than any internal query tiling still follow the math."""
+    cfg = ModelConfig(V=32, T=320, C=16, H=2, d_ff=8, dropout=0.0)
+    for dtype in float_dtypes:
+        attn = _module(cfg, device, dtype)
+        x = torch.randn(2, T, cfg.C, generator=torch.Generator().manual_seed(T))  # (B, T, C)
+        y, probs = attn(x.to(device, dtype), return_attn=True)
+        ref_y, ref_probs = dense_reference(
+            x.to(dtype), attn.qkv.weight, attn.proj.weight, cfg.H, cfg.rope_theta
+        )
+        torch.testing.assert_close(probs.cpu(), ref_probs.to(dtype), **tol(dtype))
+        torch.testing.assert_close(y.cpu(), ref_y.to(dtype), **tol(dtype))
+        torch.testing.assert_close(attn(x.to(device, dtype)), y)
+        # the causal property holds across any internal tiling boundary too
+        x2 = x.clone()
+        x2[:, T // 2 :] += 3.0
+        torch.testing.assert_close(attn(x2.to(device, dtype))[:, : T // 2], y[:, : T // 2])

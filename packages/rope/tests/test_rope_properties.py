@@ -7,7 +7,6 @@ with the angles computed by Python's ``math`` in float64 on the CPU.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 import pytest
