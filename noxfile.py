@@ -189,8 +189,19 @@ def typecheck(session: nox.Session) -> None:
 
 @nox.session(name="test-contracts", venv_backend="none")
 def test_contracts(session: nox.Session) -> None:
-    """The checker's own tests, on real temporary git repositories."""
-    run_dev(session, "pytest", "contracts/tests", "--numprocesses=auto", *session.posargs)
+    """The checker's own tests, on real temporary git repositories.
+
+    ``--confcutdir=contracts`` keeps the repository-wide conftest (hypothesis
+    profiles, torch) out of these torch-free tests: it costs seconds a worker.
+    """
+    run_dev(
+        session,
+        "pytest",
+        "contracts/tests",
+        "--confcutdir=contracts",
+        "--numprocesses=auto",
+        *session.posargs,
+    )
 
 
 @nox.session(venv_backend="none")

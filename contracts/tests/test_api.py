@@ -15,7 +15,13 @@ def api_violations(out: dict[str, object]) -> list[dict[str, object]]:
 def test_tree_api_matches(repo: Repo) -> None:
     code, out = repo.gate_json()
     assert code == 0, out["violations"]
-    assert {o["check"] for o in out["outcomes"]} == {"spec", "api", "static", "invariants"}
+    assert {o["check"] for o in out["outcomes"]} == {
+        "spec",
+        "api",
+        "static",
+        "invariants",
+        "stages",
+    }
 
 
 def test_string_annotation_spelling_does_not_matter(repo: Repo) -> None:

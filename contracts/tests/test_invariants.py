@@ -126,3 +126,18 @@ def test_malformed_report_is_a_config_error(repo: Repo, tmp_path: Path) -> None:
     code, _, err = repo.gate("--no-api", "--reports", str(tmp_path / "r"))
     assert code == 2
     assert "invariants-cpu.json:1: expected JSON" in err
+
+
+def test_package_without_spec_and_its_claims_are_flagged(repo: Repo) -> None:
+    repo.write("packages/gamma/pyproject.toml", '[project]\nname = "ngx-gamma"\n')
+    repo.write(
+        "packages/gamma/tests/test_g.py", '@pytest.mark.invariant("gamma.x")\ndef test_g(): ...\n'
+    )
+    code, out = repo.gate_json("--no-api")
+    assert code == 1
+    assert {(v["rule"], v["path"], v["line"]) for v in out["violations"]} == {
+        ("stage.unspecified", "packages/gamma/pyproject.toml", None),
+        ("invariant.unknown", "packages/gamma/tests/test_g.py", 1),
+    }
+    assert out["stages"] == {"alpha": "KEPT", "beta": "KEPT"}
+    assert "BROKEN (repo)" in out["summary"]

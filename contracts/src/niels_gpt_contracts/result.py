@@ -34,6 +34,7 @@ RULES: dict[str, str] = {
     "invariant.unclaimed": "A spec invariant is claimed by no test.",
     "invariant.unknown": "A test claims an invariant id that no spec declares.",
     "invariant.malformed": "An invariant marker is not a single string literal '<stage>.<id>'.",
+    "stage.unspecified": "A stage package under packages/ has no spec in specs/.",
     "device.failed": "A test claiming the invariant failed on the device.",
     "device.incomplete": "The device run ended in error before the invariant was verified.",
     "device.not-run": "The invariant was not verified on a device the run requires.",

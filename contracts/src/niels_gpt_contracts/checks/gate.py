@@ -159,6 +159,11 @@ def run_tree(request: Request) -> Result:
         result.outcomes.append(Outcome(spec.id, "spec", KEPT, f"{spec.path} valid"))
         _stage_checks(result, spec, specs, tree, claims, api_found, None)
         _device_rows(result, spec, reports, request.require_devices)
+    if not request.stage:
+        unowned = invariants.check_unowned(specs, claims, tree.files())
+        result.outcomes.append(
+            _outcome("repo", "stages", unowned, f"every package has a spec ({len(specs)})")
+        )
     return result
 
 

@@ -158,3 +158,42 @@ def check_invariants(
                 )
             )
     return out, len(claimed)
+
+
+def check_unowned(
+    specs: Mapping[str, Spec], claims: list[Claim], files: list[str]
+) -> list[Violation]:
+    """Tree-wide: stage packages without a spec, and claims no stage can own.
+
+    A claim in a package no spec owns, naming a stage that has no spec, would
+    otherwise be judged by nobody; so would a package that has no spec at all.
+    """
+    known = {i for s in specs.values() for i in s.invariant_ids()}
+    owned = {s.package for s in specs.values()}
+    packages = sorted(
+        {
+            "/".join(f.split("/")[:2])
+            for f in files
+            if f.startswith("packages/") and f.count("/") == 2 and f.endswith("/pyproject.toml")
+        }
+    )
+    out = [
+        Violation(
+            "stage.unspecified",
+            f"{pkg}/pyproject.toml",
+            None,
+            f"package {pkg} has no stage spec (expected a specs/<stage>.toml whose package is it)",
+            "repo",
+            "stages",
+        )
+        for pkg in packages
+        if pkg not in owned
+    ]
+    for claim in claims:
+        named = claim.id.split(".", 1)[0] if claim.id else None
+        if claim.id in known or _owner(claim.path, specs) is not None or named in specs:
+            continue
+        what = claim.problem or f"claims {claim.id!r}, which no spec declares"
+        rule = "invariant.malformed" if claim.id is None else "invariant.unknown"
+        out.append(Violation(rule, claim.path, claim.line, what, "repo", "stages"))
+    return out

@@ -23,7 +23,9 @@ def summary(result: Result) -> str:
     """The one summary line every format ends with."""
     stages = result.stages
     broken = [s for s in stages if result.stage_status(s) == BROKEN]
-    kept = len(stages) - len(broken)
+    if any(o.stage not in stages and o.status == BROKEN for o in result.outcomes):
+        broken.append("repo")
+    kept = len(stages) - len([s for s in broken if s in stages])
     n = len(result.violations)
     verdict = "KEPT" if result.ok else "BROKEN"
     text = f"{verdict}: {len(stages)} stage{'s' * (len(stages) != 1)}, {kept} {KEPT}, "

@@ -18,7 +18,7 @@ def render(result: Result) -> str:
         )
     else:
         out.append(f"contracts: checking {len(result.stages)} stage(s) on the working tree")
-    width = max((len(s) for s in result.stages), default=0)
+    width = max((len(o.stage) for o in result.outcomes), default=0)
     for o in result.outcomes:
         out.append(f"{o.status:<7}  {o.stage:<{width}}  {o.check:<11}  {o.summary}")
         for v in ordered(o.violations):
