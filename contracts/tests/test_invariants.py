@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 from gatekit import Repo, rules
@@ -141,3 +143,46 @@ def test_package_without_spec_and_its_claims_are_flagged(repo: Repo) -> None:
     }
     assert out["stages"] == {"alpha": "KEPT", "beta": "KEPT"}
     assert "BROKEN (repo)" in out["summary"]
+
+
+def test_plugin_report_feeds_the_gate(repo: Repo, tmp_path: Path) -> None:
+    tests = tmp_path / "t" / "test_claims.py"
+    tests.parent.mkdir()
+    tests.write_text(
+        "import pytest\n\n"
+        '@pytest.mark.invariant("alpha.keeps_length")\ndef test_ok():\n    pass\n\n'
+        '@pytest.mark.invariant("alpha.keeps_length")\ndef test_bad():\n    assert False\n\n'
+        '@pytest.mark.invariant("alpha.turns_compose")\ndef test_skip():\n    pytest.skip()\n\n'
+        '@pytest.mark.invariant("beta.uses_alpha")\ndef test_beta():\n    pass\n'
+    )
+    out = tmp_path / "invariants-cpu.json"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--rootdir",
+            str(tests.parent),
+            "--confcutdir",
+            str(tests.parent),
+            str(tests),
+            f"--invariant-report={out}",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 1, done.stdout
+    data = json.loads(out.read_text())
+    (failed_id,) = data["invariants"]["alpha.keeps_length"]["failed_tests"]
+    assert failed_id.endswith("::test_bad")
+    code, result = repo.gate_json("--no-api", "--report", str(out))
+    assert code == 1
+    found = {(v["rule"], v["check"]) for v in result["violations"]}
+    assert found == {("device.failed", "device:cpu")}
+    failed = next(v for v in result["violations"] if v["rule"] == "device.failed")
+    assert failed["message"].endswith("::test_bad")
+    assert result["stages"] == {"alpha": "BROKEN", "beta": "KEPT"}

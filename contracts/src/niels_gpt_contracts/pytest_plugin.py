@@ -8,7 +8,8 @@ fails); the nox session decides beforehand whether to skip instead.
 ``--invariant-report=PATH`` writes, after the run, one JSON object::
 
     {"device": "cpu", "invariants": {"rope.norm_preserved":
-        {"passed": 3, "failed": 0, "skipped": 0, "tests": ["packages/...::test_x"]}}}
+        {"passed": 3, "failed": 0, "skipped": 0, "tests": ["packages/...::test_x"],
+         "failed_tests": []}}}
 
 It works under pytest-xdist: workers attach the claimed ids to each report as
 a user property and the controller writes the file.
@@ -101,6 +102,7 @@ class InvariantReport:
         self.device = device
         self.counts: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(_OUTCOMES, 0))
         self.tests: dict[str, set[str]] = defaultdict(set)
+        self.failed_tests: dict[str, set[str]] = defaultdict(set)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         ids = next((v for k, v in report.user_properties if k == _PROPERTY), None)
@@ -114,13 +116,19 @@ class InvariantReport:
         for inv in map(str, ids):
             self.counts[inv][outcome] += 1
             self.tests[inv].add(report.nodeid)
+            if outcome == "failed":
+                self.failed_tests[inv].add(report.nodeid)
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         payload = {
             "device": self.device,
             "exitstatus": int(session.exitstatus),
             "invariants": {
-                inv: {**self.counts[inv], "tests": sorted(self.tests[inv])}
+                inv: {
+                    **self.counts[inv],
+                    "tests": sorted(self.tests[inv]),
+                    "failed_tests": sorted(self.failed_tests[inv]),
+                }
                 for inv in sorted(self.counts)
             },
         }

@@ -113,7 +113,7 @@ def device_outcome(spec: Spec, device: str, report: DeviceReport | None, require
                     path,
                     None if tests else lines[inv],
                     f"invariant {inv!r}: {counts['failed']} test(s) failed on "
-                    f"{device}: {', '.join(map(str, tests)) or '(unnamed)'}",
+                    f"{device}: {', '.join(map(str, tests)) or '(tests not named in the report)'}",
                     spec.id,
                     check,
                 )
