@@ -133,14 +133,14 @@ def test_block_v1_matches_prenorm_reference(
     x = torch.randn(2, cfg.T, cfg.C, generator=torch.Generator().manual_seed(seed))  # (B, T, C)
     x = x.to(device, dtype)
     y, probs = block(x, return_attn=True)
-    ref = block.to(torch.float64)
-    x64 = x.double()
+    ref = block.to("cpu", torch.float64)  # references run on the CPU (MPS has no float64)
+    x64 = x.to("cpu", torch.float64)
     attn_out, ref_probs = ref.attn(ref_rms_norm(x64, ref.ln1.weight), return_attn=True)
     h = x64 + attn_out  # (B, T, C)
     expected = h + ref_swiglu(ref_rms_norm(h, ref.ln2.weight), ref.mlp)  # (B, T, C)
-    torch.testing.assert_close(y, expected.to(dtype), **tol(dtype))
+    torch.testing.assert_close(y.cpu(), expected.to(dtype), **tol(dtype))
     assert probs.shape == (2, cfg.H, cfg.T, cfg.T)
-    torch.testing.assert_close(probs, ref_probs.to(dtype), **tol(dtype))
+    torch.testing.assert_close(probs.cpu(), ref_probs.to(dtype), **tol(dtype))
 
 
 @pytest.mark.invariant("backbone_v1.forward_shape_dtype")

@@ -69,13 +69,13 @@ def test_block_matches_prenorm_reference(
     x = torch.randn(2, T, cfg.C, generator=torch.Generator().manual_seed(seed))  # (B, T, C)
     x = x.to(device, dtype)
     y, probs = block(x, return_attn=True)
-    ref = block.to(torch.float64)
-    x64 = x.double()
+    ref = block.to("cpu", torch.float64)  # references run on the CPU (MPS has no float64)
+    x64 = x.to("cpu", torch.float64)
     attn_out, ref_probs = ref.attn(ref_layer_norm(x64, ref.ln1), return_attn=True)
     h = x64 + attn_out  # (B, T, C)
     expected = h + ref_mlp(ref_layer_norm(h, ref.ln2), ref.mlp)  # (B, T, C)
-    torch.testing.assert_close(y, expected.to(dtype), **tol(dtype))
-    torch.testing.assert_close(probs, ref_probs.to(dtype), **tol(dtype))
+    torch.testing.assert_close(y.cpu(), expected.to(dtype), **tol(dtype))
+    torch.testing.assert_close(probs.cpu(), ref_probs.to(dtype), **tol(dtype))
 
 
 @pytest.mark.invariant("block.mlp_shape_grads")

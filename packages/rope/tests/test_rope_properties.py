@@ -2,7 +2,7 @@
 
 Reference: each channel pair ``(x[2i], x[2i+1])`` read as the complex number
 ``x[2i] + 1j*x[2i+1]`` and multiplied by ``exp(1j * p * theta**(-2i/D))``,
-with the angles computed by Python's ``math`` in float64 on the CPU.
+with the angles computed from Python floats (float64) on the CPU.
 """
 
 from __future__ import annotations
