@@ -33,10 +33,19 @@ nox.options.sessions = ["lint", "typecheck", "test-cpu", "test-mps", "contracts"
 
 ROOT = Path(__file__).resolve().parent
 CONSTRAINTS = ROOT / "constraints.txt"
-STAGE_DIRS = ("core", "rope", "attention", "block", "backbone_v1")
+STAGE_DIRS = ("core", "rope", "attention", "block", "backbone_v1", "fastpath")
 PACKAGES = [ROOT / "packages" / name for name in STAGE_DIRS]
 CONTRACTS = ROOT / "contracts"
-DEV_TOOLS = ("pytest", "pytest-xdist", "hypothesis", "numpy", "mypy", "ruff", "import-linter")
+DEV_TOOLS = (
+    "pytest",
+    "pytest-xdist",
+    "hypothesis",
+    "numpy",
+    "mypy",
+    "ruff",
+    "import-linter",
+    "matplotlib",
+)
 DEV_ENV = ROOT / ".nox" / "_shared-dev"
 REPORTS = ROOT / "reports"
 REQUIRE_DEVICE_VAR = "NIELS_GPT_REQUIRE_DEVICE"
@@ -208,6 +217,19 @@ def test_contracts(session: nox.Session) -> None:
 def contracts(session: nox.Session) -> None:
     """The spec gate: no posargs checks every stage; ``-- --stage S --base REV`` gates a PR."""
     run_dev(session, "contracts", "check", *(session.posargs or ["--reports", str(REPORTS)]))
+
+
+@nox.session(venv_backend="none")
+def bench(session: nox.Session) -> None:
+    """Side-by-side benchmarks: ``-- --device cuda``, ``--quick``, ``--no-compile``.
+
+    Prints every figure beside its reference and writes benchmarks/results/
+    (JSON, table, tokens/s plot) and the README's bench section.
+    """
+    args = list(session.posargs)
+    if not any(a == "--device" or a.startswith("--device=") for a in args):
+        args = ["--device", "cpu", *args]
+    run_dev(session, "python", "-m", "benchmarks.run", *args)
 
 
 @nox.session
