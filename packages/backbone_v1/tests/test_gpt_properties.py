@@ -362,3 +362,25 @@ def test_length_assert_is_hard_and_survives_python_O() -> None:
     out = subprocess.run([sys.executable, "-O", "-c", script], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert "raised:" in out.stdout and "got 5" in out.stdout
+
+
+@pytest.mark.invariant("backbone_v1.rejects_bad_input")
+def test_block_mlp_and_rmsnorm_reject_what_they_cannot_take(device: torch.device) -> None:
+    cfg = ModelConfig(V=32, T=8, C=16, H=2, d_ff=32)
+    modules = (Block(cfg).to(device), MLP(cfg).to(device), RMSNorm(cfg.C).to(device))
+    good = torch.randn(2, cfg.T, cfg.C, device=device)  # (B, T, C)
+    cases = {
+        "float64": good.double() if device.type != "mps" else good.half(),
+        "float16 (no silent promotion)": good.half(),
+        "int64": good.long(),
+        "other device": torch.empty(2, cfg.T, cfg.C, device="meta"),
+        "wrong width": torch.randn(2, cfg.T, cfg.C + 1, device=device),
+    }
+    for case, x in cases.items():
+        for module in modules:
+            with pytest.raises(AssertionError) as info:
+                module(x)
+            assert "must" in str(info.value) and "got" in str(info.value), (case, module)
+    for module in modules[:2]:
+        with pytest.raises(AssertionError, match="3 dims"):
+            module(good[0])

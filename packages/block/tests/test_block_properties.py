@@ -173,3 +173,23 @@ def test_init_weights_gpt_style_and_safe_on_any_tree() -> None:
     assert torch.equal(tree[4].conv.weight, conv_before)
     assert torch.equal(tree[4].ln_no_bias.weight, torch.ones(4))
     assert all(p.grad is None for p in tree.parameters())
+
+
+@pytest.mark.invariant("block.rejects_bad_input")
+def test_block_and_mlp_reject_wrong_dtype_device_and_shape(device: torch.device) -> None:
+    cfg = ModelConfig(V=32, T=8, C=16, H=2, d_ff=32)
+    block, mlp = Block(cfg).to(device), MLP(cfg).to(device)
+    good = torch.randn(2, cfg.T, cfg.C, device=device)  # (B, T, C)
+    cases = {
+        "float64": good.double() if device.type != "mps" else good.half(),
+        "float16": good.half(),
+        "int64": good.long(),
+        "other device": torch.empty(2, cfg.T, cfg.C, device="meta"),
+        "2-D": good[0],
+        "wrong width": torch.randn(2, cfg.T, cfg.C + 1, device=device),
+    }
+    for case, x in cases.items():
+        for module in (block, mlp):
+            with pytest.raises(AssertionError) as info:
+                module(x)
+            assert "must" in str(info.value) and "got" in str(info.value), (case, module)

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from niels_gpt.checks import InputError, check_features
+from niels_gpt.checks import InputError, check_features, check_like
 from niels_gpt.config import ModelConfig
 from niels_gpt.model import block_v0
 from niels_gpt.model.attention import CausalSelfAttention
@@ -45,10 +45,14 @@ class RMSNorm(nn.Module):
         """Normalise ``x`` of shape ``(..., dim)``.
 
         Raises:
-            InputError: the last dim of ``x`` is not ``dim``.
+            InputError: the last dim of ``x`` is not ``dim``, or its dtype or
+                device differ from ``weight``'s.
         """
         if x.ndim < 1 or x.shape[-1] != self.dim:
-            raise InputError(f"RMSNorm expects last dim {self.dim}, got shape {tuple(x.shape)}")
+            raise InputError(
+                f"RMSNorm input last dim must be {self.dim}, got shape {tuple(x.shape)}"
+            )
+        check_like(x, "x", self.weight, "RMSNorm")  # no silent promotion to the weight dtype
         rms = torch.sqrt(x.pow(2).mean(dim=-1, keepdim=True) + self.eps)  # (..., 1)
         return x / rms * self.weight  # (..., dim)
 
@@ -73,9 +77,11 @@ class MLP(nn.Module):
         """Map ``(B, T, C)`` to ``(B, T, C)``.
 
         Raises:
-            InputError: ``x`` is not 3-D or its last dim is not ``C``.
+            InputError: ``x`` is not 3-D, its last dim is not ``C``, or its
+                dtype/device differ from the MLP's parameters.
         """
         check_features(x, "x", ndim=3, last=self.w_a.in_features)
+        check_like(x, "x", self.w_a.weight, "MLP")
         a = self.w_a(x)  # (B, T, F)
         g = self.w_g(x)  # (B, T, F)
         h = F.silu(g) * a  # (B, T, F)
@@ -117,6 +123,7 @@ class Block(nn.Module):
             InputError: see ``CausalSelfAttention.forward``.
         """
         check_features(x, "x", ndim=3, last=self.ln1.dim)
+        check_like(x, "x", self.ln1.weight, "block")
         if return_attn:
             attn_out, probs = self.attn(self.ln1(x), return_attn=True)  # (B, T, C), (B, H, T, T)
         else:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from niels_gpt.checks import check_features
+from niels_gpt.checks import check_features, check_like
 from niels_gpt.config import ModelConfig
 from niels_gpt.model.attention import CausalSelfAttention
 
@@ -33,9 +33,11 @@ class MLP(nn.Module):
         """Map ``(B, T, C)`` to ``(B, T, C)``.
 
         Raises:
-            InputError: ``x`` is not 3-D or its last dim is not ``C``.
+            InputError: ``x`` is not 3-D, its last dim is not ``C``, or its
+                dtype/device differ from the MLP's parameters.
         """
         check_features(x, "x", ndim=3, last=self.fc.in_features)
+        check_like(x, "x", self.fc.weight, "MLP")
         h = self.act(self.fc(x))  # (B, T, F)
         out: torch.Tensor = self.proj(h)  # (B, T, C)
         return out
@@ -73,6 +75,7 @@ class Block(nn.Module):
             InputError: see ``CausalSelfAttention.forward``.
         """
         check_features(x, "x", ndim=3, last=self.ln1.normalized_shape[0])
+        check_like(x, "x", self.ln1.weight, "block")
         if return_attn:
             attn_out, probs = self.attn(self.ln1(x), return_attn=True)  # (B, T, C), (B, H, T, T)
         else:
