@@ -215,6 +215,7 @@ def _bad(cfg: ModelConfig, device: torch.device) -> dict[str, torch.Tensor]:
         "empty sequence": torch.randn(1, 0, cfg.C, device=device),
         "wrong dtype": torch.randn(1, cfg.T, cfg.C, device=device).half(),
         "integer input": torch.ones(1, cfg.T, cfg.C, device=device, dtype=torch.int64),
+        "meta device": torch.empty(1, cfg.T, cfg.C, device="meta"),
     }
     if device.type != "cpu":
         cases["wrong device"] = torch.randn(1, cfg.T, cfg.C)

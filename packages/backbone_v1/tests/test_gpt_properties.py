@@ -322,6 +322,7 @@ def _bad_inputs(cfg: ModelConfig, device: torch.device) -> dict[str, torch.Tenso
         "empty": torch.zeros(2, 0, dtype=torch.int64, device=device),
         "id too large": ok + cfg.V,
         "negative id": ok - 1,
+        "meta device": torch.zeros(2, cfg.T, dtype=torch.int64, device="meta"),
     }
     if device.type != "cpu":
         cases["wrong device"] = ok.cpu()
