@@ -232,6 +232,12 @@ def bench(session: nox.Session) -> None:
     run_dev(session, "python", "-m", "benchmarks.run", *args)
 
 
+@nox.session(venv_backend="none")
+def mutants(session: nox.Session) -> None:
+    """The mutant gate: every catalogued bug must be killed (``-- --stage S``, ``--all``)."""
+    run_dev(session, "contracts", "mutants", *session.posargs)
+
+
 @nox.session
 def build(session: nox.Session) -> None:
     """Build one wheel per package (stages and checker) into dist/."""

@@ -68,10 +68,21 @@ def test_spec_with_mutants_validates(repo: Repo) -> None:
     repo.write(
         "specs/alpha.toml",
         repo.read("specs/alpha.toml")
-        + '\n[[mutants]]\nid = "off-by-one"\ntext = "rotate by turns+1"\npatch = "x"\n',
+        + '\n[[mutants]]\nid = "off-by-one"\ntext = "rotate by turns+1"\n'
+        + 'file = "packages/alpha/src/ngx/alpha_mod.py"\nfind = "turns"\nreplace = "turns + 1"\n',
     )
     code, out = repo.gate_json("--no-api")
     assert code == 0, out
+
+
+def test_mutant_without_a_patch_is_malformed(repo: Repo) -> None:
+    repo.write(
+        "specs/alpha.toml",
+        repo.read("specs/alpha.toml") + '\n[[mutants]]\nid = "off-by-one"\ntext = "x"\n',
+    )
+    code, _, err = repo.gate("--no-api")
+    assert code == 2
+    assert "key 'mutants[0].file'" in err
 
 
 def test_stage_from_trailer(repo: Repo) -> None:

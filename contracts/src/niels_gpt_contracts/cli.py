@@ -4,6 +4,7 @@
     contracts check --reports reports                 ... plus invariant x device
     contracts check --stage S --base REV [--head REV] the PR gate for stage S
     contracts check --base REV                        ... stage from 'Stage:' trailers
+    contracts mutants [--stage S]                     the catalogued bugs must be killed
 
 Exit status: 0 every check KEPT; 1 something BROKEN; 2 a usage or
 configuration error (unknown stage, unreadable or malformed spec, base not
@@ -22,6 +23,8 @@ from typing import NoReturn
 from niels_gpt_contracts.checks.devices import DEVICES
 from niels_gpt_contracts.checks.gate import Request, run
 from niels_gpt_contracts.errors import ConfigError, SpecErrors
+from niels_gpt_contracts.mutants import report as mutants_report
+from niels_gpt_contracts.mutants import runner as mutants_runner
 from niels_gpt_contracts.reporters import FORMATS, renderer
 
 EXIT_KEPT, EXIT_BROKEN, EXIT_ERROR = 0, 1, 2
@@ -94,7 +97,100 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument(
         "--no-api", action="store_true", help="skip the import-based API check (no torch needed)"
     )
+    _add_mutants_parser(sub)
     return parser
+
+
+def _add_mutants_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
+    mutants = sub.add_parser(
+        "mutants",
+        help="run each catalogued mutant against its stage's tests",
+        description="Run the stage's tests clean, then once per [[mutants]] entry of its "
+        "spec; every mutant must be killed. Exit 0 all killed, 1 a survivor, stale mutant "
+        "or run error, 2 a usage or configuration error (including a failing clean run).",
+    )
+    mutants.add_argument(
+        "--stage",
+        action="append",
+        default=[],
+        help="stage id (repeatable; default: every stage with mutants)",
+    )
+    mutants.add_argument(
+        "--mutant",
+        action="append",
+        default=[],
+        metavar="ID",
+        help="run only this mutant ('<stage>.<id>' or '<id>'; repeatable)",
+    )
+    mutants.add_argument(
+        "--all",
+        "--no-cache",
+        dest="use_cache",
+        action="store_false",
+        help="run every mutant, even ones killed before with unchanged module and tests",
+    )
+    mutants.add_argument(
+        "--jobs", type=int, default=0, metavar="N", help="parallel runs (default: CPU count)"
+    )
+    mutants.add_argument(
+        "--timeout",
+        type=float,
+        default=mutants_runner.DEFAULT_TIMEOUT,
+        metavar="S",
+        help="seconds a mutant run may take before it is an error",
+    )
+    mutants.add_argument(
+        "--no-fork",
+        dest="fork",
+        action="store_false",
+        help="start a fresh python per run instead of forking from a preloaded server",
+    )
+    mutants.add_argument("--format", choices=["text", "json"], default="text")
+    mutants.add_argument(
+        "--output", type=Path, metavar="FILE", help="write the report here instead of stdout"
+    )
+    mutants.add_argument(
+        "--repo",
+        type=Path,
+        default=Path(),
+        metavar="DIR",
+        help="repository to check (default: the current directory)",
+    )
+
+
+def _progress(line: str) -> None:
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
+def _main_mutants(args: argparse.Namespace) -> int:
+    render = mutants_report.render_json if args.format == "json" else mutants_report.render_text
+    opts = mutants_runner.Options(
+        repo=args.repo,
+        stages=list(args.stage),
+        only=list(args.mutant),
+        use_cache=args.use_cache,
+        jobs=args.jobs,
+        timeout=args.timeout,
+        fork=args.fork,
+        progress=_progress if args.format == "text" else None,
+    )
+    try:
+        result = mutants_runner.run(opts)
+    except ConfigError as err:  # SpecErrors included
+        sys.stderr.write(f"contracts: error: {err}\n")
+        if args.format != "text":
+            _emit(mutants_report.render_error(str(err)), args.output)
+        return EXIT_ERROR
+    except Exception as err:  # a bug in the checker must never look like a verdict
+        traceback.print_exc()
+        message = f"internal error ({type(err).__name__}: {err}); this is a bug in contracts"
+        sys.stderr.write(f"contracts: error: {message}\n")
+        if args.format != "text":
+            _emit(mutants_report.render_error(message), args.output)
+        return EXIT_ERROR
+    _emit(render(result), args.output)
+    return EXIT_KEPT if result.ok else EXIT_BROKEN
 
 
 def _emit(text: str, output: Path | None) -> None:
@@ -112,6 +208,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if reconfigure is not None:
             reconfigure(errors="backslashreplace")
     args = build_parser().parse_args(argv)
+    if args.command == "mutants":
+        return _main_mutants(args)
     render, render_error = renderer(args.format)
     request = Request(
         repo=args.repo,

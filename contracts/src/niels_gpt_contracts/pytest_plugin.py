@@ -48,6 +48,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="PATH",
         help="write per-invariant outcomes of this run as JSON to PATH",
     )
+    group.addoption(
+        "--invariant-prefix",
+        action="append",
+        default=[],
+        metavar="PREFIX",
+        help="run only tests claiming an invariant whose id starts with PREFIX "
+        "(e.g. 'rope.'; repeatable); the mutant gate uses it",
+    )
 
 
 def device_available(name: str) -> bool:
@@ -92,6 +100,20 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     ids = claimed_invariants(item)
     if ids:
         item.user_properties.append((_PROPERTY, ids))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    prefixes = tuple(config.getoption("--invariant-prefix") or ())
+    if not prefixes:
+        return
+    keep: list[pytest.Item] = []
+    drop: list[pytest.Item] = []
+    for item in items:
+        claims = claimed_invariants(item)
+        (keep if any(c.startswith(prefixes) for c in claims) else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
 
 
 class InvariantReport:

@@ -1,0 +1,87 @@
+"""Text and JSON output of a mutant run.
+
+Text: one ``MUTANT <stage>.<id> <status> (<reason>)`` line a mutant, then
+``killed K/N``. JSON: ``{"ok", "mode": "mutants", "stages", "clean",
+"mutants", "violations", "summary"}``; ``violations`` has the gate's shape
+(rule ``mutant.survived``, ``mutant.stale`` or ``mutant.error``, placed on
+the mutant's line in its spec).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+
+from niels_gpt_contracts.mutants.runner import MutantsResult, Verdict
+from niels_gpt_contracts.result import Violation
+
+
+def _reason(v: Verdict) -> str:
+    return f"cached: {v.reason}" if v.cached else v.reason
+
+
+def summary(result: MutantsResult) -> str:
+    n = len(result.verdicts)
+    counts = {
+        s: sum(v.status == s for v in result.verdicts) for s in ("survived", "stale", "error")
+    }
+    extra = ", ".join(f"{c} {s}" for s, c in counts.items() if c)
+    return f"killed {result.killed}/{n}" + (f" ({extra})" if extra else "")
+
+
+def violations(result: MutantsResult) -> list[Violation]:
+    return [
+        Violation(
+            rule=f"mutant.{v.status}",
+            path=v.mutant.spec_path,
+            line=v.mutant.line,
+            message=f"{v.mutant.name}: {v.mutant.text} -> {v.status}: {v.reason}",
+            stage=v.mutant.stage,
+            check="mutants",
+        )
+        for v in result.verdicts
+        if v.status != "killed"
+    ]
+
+
+def render_text(result: MutantsResult) -> str:
+    lines = [f"MUTANT {v.mutant.name} {v.status} ({_reason(v)})" for v in result.verdicts]
+    for v in result.verdicts:
+        if v.status != "killed":
+            lines.append(f"  {v.mutant.name}: {v.mutant.text}")
+    lines.append(summary(result))
+    return "\n".join(lines) + "\n"
+
+
+def render_json(result: MutantsResult) -> str:
+    payload = {
+        "ok": result.ok,
+        "mode": "mutants",
+        "stages": result.stages,
+        "clean": [
+            {"stage": c.stage, "ok": c.ok, "seconds": round(c.seconds, 2), "tests": c.tests}
+            for c in result.clean
+        ],
+        "mutants": [
+            {
+                "stage": v.mutant.stage,
+                "id": v.mutant.id,
+                "text": v.mutant.text,
+                "file": v.mutant.file,
+                "status": v.status,
+                "reason": v.reason,
+                "cached": v.cached,
+                "seconds": round(v.seconds, 2),
+            }
+            for v in result.verdicts
+        ],
+        "violations": [asdict(v) for v in violations(result)],
+        "summary": summary(result),
+        "killed": result.killed,
+        "total": len(result.verdicts),
+    }
+    return json.dumps(payload, indent=2) + "\n"
+
+
+def render_error(message: str) -> str:
+    return json.dumps({"ok": False, "mode": "mutants", "error": message, "violations": []}) + "\n"

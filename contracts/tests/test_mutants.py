@@ -1,0 +1,218 @@
+"""The mutant gate on a tiny torch-free stage in a temporary git repository.
+
+The stage ``tiny`` owns ``packages/tiny/src/ngt/tinymod.py`` (``ngt`` is a PEP
+420 namespace, like ``niels_gpt``); its tests claim ``tiny.*`` invariants. The
+catalogue holds one mutant of each kind: killed, surviving, stale, one that
+breaks the import, and one that hangs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from niels_gpt_contracts.cli import main
+
+SCHEMA = Path(__file__).resolve().parents[2] / "specs" / "spec.schema.json"
+MODULE = "packages/tiny/src/ngt/tinymod.py"
+
+SOURCE = """\
+def add(a, b):
+    return a + b
+
+
+def scale(x):
+    return x * 2
+
+
+def spare():
+    return "spare"
+"""
+
+TESTS = """\
+import pytest
+
+from ngt.tinymod import add, scale
+
+
+@pytest.mark.invariant("tiny.adds")
+def test_add():
+    assert add(2, 3) == 5
+
+
+@pytest.mark.invariant("tiny.scales")
+def test_scale():
+    assert scale(4) == 8
+
+
+def test_claims_nothing_so_the_gate_never_runs_it():
+    raise AssertionError("deselected by --invariant-prefix")
+"""
+
+SPEC = """\
+schema_version = 1
+id = "tiny"
+title = "Tiny stage"
+package = "packages/tiny"
+distribution = "ngt-tiny"
+depends_on = []
+api = []
+rules = []
+
+[paths]
+may_change = ["packages/tiny/**"]
+
+[[invariants]]
+id = "adds"
+text = "add adds."
+
+[[invariants]]
+id = "scales"
+text = "scale doubles."
+"""
+
+
+def mutant(mid: str, find: str, replace: str, **extra: object) -> str:
+    lines = [
+        "",
+        "[[mutants]]",
+        f'id = "{mid}"',
+        f'text = "The {mid} bug."',
+        f'file = "{MODULE}"',
+        f"find = {json.dumps(find)}",
+        f"replace = {json.dumps(replace)}",
+        *(f"{k} = {json.dumps(v)}" for k, v in extra.items()),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+CATALOGUE = (
+    mutant("minus", "a + b", "a - b")
+    + mutant("untested", '"spare"', '"other"')
+    + mutant("gone", "a * b", "a / b")
+    + mutant("import-breaks", "def spare():", 'raise ImportError("boom")\n\n\ndef spare():')
+    + mutant("hangs", "return x * 2", "import time\n    time.sleep(60)\n    return x * 2")
+)
+
+
+def _git(root: Path, *args: str) -> None:
+    subprocess.run(["git", *args], cwd=root, check=True, capture_output=True)
+
+
+@pytest.fixture
+def tiny(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    root = tmp_path / "repo"
+    files = {
+        "specs/tiny.toml": SPEC + CATALOGUE,
+        MODULE: SOURCE,
+        "packages/tiny/tests/test_tiny.py": TESTS,
+        "pyproject.toml": '[tool.pytest.ini_options]\naddopts = ["--import-mode=importlib"]\n',
+    }
+    for path, text in files.items():
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_text(text)
+    shutil.copy(SCHEMA, root / "specs" / "spec.schema.json")
+    _git(root, "init", "-q")
+    monkeypatch.setenv("PYTHONPATH", str(root / "packages/tiny/src"))
+    return root
+
+
+def gate(root: Path, *args: str) -> tuple[int, dict[str, Any]]:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+        code = main(["mutants", "--repo", str(root), "--format", "json", *args])
+    return code, json.loads(out.getvalue())
+
+
+def statuses(payload: dict[str, Any]) -> dict[str, tuple[str, bool]]:
+    return {m["id"]: (m["status"], m["cached"]) for m in payload["mutants"]}
+
+
+def test_each_kind_of_verdict_and_the_working_tree_untouched(
+    tiny: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = tiny / "specs/tiny.toml"
+    # "return" occurs three times: "second" picks one, "ambiguous" is stale.
+    spec.write_text(
+        spec.read_text()
+        + mutant("second", "return", "return -1 *", occurrence=2)
+        + mutant("ambiguous", "return", "return -1 *")
+    )
+    picked = ("minus", "untested", "gone", "import-breaks", "second", "ambiguous")
+    code = main(["mutants", "--repo", str(tiny), *(f"--mutant={m}" for m in picked)])
+    lines = capsys.readouterr().out.splitlines()
+    assert code == 1
+    verdicts = [line for line in lines if line.startswith("MUTANT ")]
+    assert [v.split(" (")[0] for v in verdicts] == [
+        "MUTANT tiny.minus killed",
+        "MUTANT tiny.untested survived",
+        "MUTANT tiny.gone stale",
+        "MUTANT tiny.import-breaks killed",
+        "MUTANT tiny.second killed",
+        "MUTANT tiny.ambiguous stale",
+    ]
+    assert "failed: " in verdicts[0] and "test_add" in verdicts[0]
+    assert "collection" in verdicts[3]
+    assert "test_scale" in verdicts[4]
+    assert "expected once" in verdicts[2] and "3 times" in verdicts[5]
+    assert "  tiny.untested: The untested bug." in lines
+    assert lines[-1] == "killed 3/6 (1 survived, 2 stale)"
+    assert (tiny / MODULE).read_text() == SOURCE
+
+
+def test_json_report_and_cached_kills(tiny: Path) -> None:
+    code, out = gate(tiny, "--mutant", "minus", "--mutant", "tiny.gone")
+    assert code == 1
+    assert statuses(out) == {"minus": ("killed", False), "gone": ("stale", False)}
+    assert (out["killed"], out["total"], out["summary"]) == (1, 2, "killed 1/2 (1 stale)")
+    [violation] = out["violations"]
+    assert violation["rule"] == "mutant.stale" and violation["path"] == "specs/tiny.toml"
+    assert violation["line"] is not None and violation["stage"] == "tiny"
+    assert out["clean"][0]["ok"] and out["clean"][0]["tests"] == [
+        "packages/tiny/tests/test_tiny.py"
+    ]
+    code, out = gate(tiny, "--mutant", "minus")
+    assert (code, statuses(out)) == (0, {"minus": ("killed", True)})
+    assert out["clean"] == []  # nothing to run, so no clean run either
+    code, out = gate(tiny, "--mutant", "minus", "--all")
+    assert (code, statuses(out)) == (0, {"minus": ("killed", False)})
+    # A change to the stage's tests invalidates the cached kill.
+    test_file = tiny / "packages/tiny/tests/test_tiny.py"
+    test_file.write_text(test_file.read_text() + "\n# touched\n")
+    code, out = gate(tiny, "--mutant", "minus")
+    assert statuses(out) == {"minus": ("killed", False)}
+
+
+@pytest.mark.parametrize("launch", ["--jobs=2", "--no-fork"])
+def test_a_hanging_mutant_is_an_error_not_a_kill(tiny: Path, launch: str) -> None:
+    code, out = gate(tiny, "--mutant", "hangs", "--mutant", "minus", "--timeout", "3", launch)
+    assert code == 1
+    assert statuses(out) == {"minus": ("killed", False), "hangs": ("error", False)}
+    assert "timeout" in out["mutants"][1]["reason"]
+    assert "test_add" in out["mutants"][0]["reason"]
+
+
+def test_a_failing_clean_run_is_a_configuration_error(tiny: Path) -> None:
+    (tiny / MODULE).write_text(SOURCE.replace("x * 2", "x * 3"))
+    code, out = gate(tiny, "--mutant", "minus")
+    assert code == 2 and "clean test run must pass" in out["error"]
+
+
+def test_unknown_stage_and_malformed_catalogue(tiny: Path) -> None:
+    code, out = gate(tiny, "--stage", "nope")
+    assert code == 2 and "unknown stage 'nope'" in out["error"]
+    spec = tiny / "specs/tiny.toml"
+    spec.write_text(spec.read_text() + mutant("minus", "a + b", "a * b"))
+    code, out = gate(tiny)
+    assert code == 2 and "expected a unique id" in out["error"]
+    spec.write_text(SPEC + mutant("bad", "a + b", "a +* b"))
+    code, out = gate(tiny)
+    assert code == 1 and statuses(out) == {"bad": ("error", False)}
+    assert "does not compile" in out["mutants"][0]["reason"]
