@@ -8,9 +8,12 @@ overlay directory holding the mutated module first on ``PYTHONPATH`` and
 first checks that the import system really resolves the module to that copy;
 if not, the run is an error, never a kill.
 
-Verdicts from pytest's exit status: 1 (a test failed) and 2 (collection
-failed, e.g. the mutated module raises on import) kill the mutant; 0 means it
-survived; anything else, or the per-mutant timeout, is an error. Kills are
+Verdicts from pytest's exit status: 1 (a test failed) kills the mutant, and
+so do 2 and 4 (collection failed, or a test id the clean run collected is no
+longer found: the mutated module raises on import); 0 means it survived;
+anything else, or the per-mutant timeout, is an error. Mutant runs take the
+clean run's tests fastest first and stop at the first failure; hypothesis
+does not shrink a failing example there (a kill needs none). Kills are
 cached in ``.mutants-cache.json`` under a key made of the mutant, the mutated
 file, the stage's test files and the test configuration; a cached kill is not
 run again unless the cache is disabled.
@@ -60,19 +63,6 @@ ZYGOTE = Path(zygote.__file__).resolve()
 # Files outside the stage that decide how its tests run (part of the cache key).
 CONFIG_FILES = ("conftest.py", "pyproject.toml")
 
-# Runs in the child: check the overlay is what imports, then hand over to pytest.
-_BOOTSTRAP = f"""\
-import importlib.util, os, sys
-module, want = sys.argv[1], sys.argv[2]
-if want:
-    found = importlib.util.find_spec(module)
-    origin = getattr(found, "origin", None)
-    if origin is None or os.path.realpath(origin) != os.path.realpath(want):
-        sys.stderr.write(f"overlay not imported: {{module}} resolves to {{origin}}\\n")
-        sys.exit({OVERLAY_MISSED})
-import pytest
-sys.exit(pytest.main(sys.argv[3:]))
-"""
 
 _FAILED_LINE = re.compile(r"^(FAILED|ERROR) (\S+)", re.MULTILINE)
 
@@ -131,6 +121,7 @@ class _Plan:
     tests: list[str]
     mutants: list[Mutant]
     hypothesis: bool
+    order: list[str] = field(default_factory=list)  # test ids, fastest first, from the clean run
 
 
 def _sha(*parts: str) -> str:
@@ -186,6 +177,21 @@ def _pytest_args(root: Path, stage: str, tests: list[str], hypothesis: bool) -> 
     if (root / "pyproject.toml").is_file():
         args += ["-c", str(root / "pyproject.toml")]
     return [*args, *(str(root / t) for t in tests)]
+
+
+_DURATION = re.compile(r"^\s*([0-9.]+)s (?:setup|call|teardown)\s+(\S.*?)\s*$", re.MULTILINE)
+
+
+def _fastest_first(output: str) -> list[str]:
+    """Test ids from a ``--durations=0`` report, quickest first (stable by name).
+
+    Mutant runs stop at the first failure (``-x``), so running the cheap tests
+    first makes a typical kill take a fraction of the suite.
+    """
+    total: dict[str, float] = {}
+    for seconds, nodeid in _DURATION.findall(output):
+        total[nodeid] = total.get(nodeid, 0.0) + float(seconds)
+    return sorted(total, key=lambda n: (total[n], n))
 
 
 def _env(overlay: Path | None) -> dict[str, str]:
@@ -287,7 +293,11 @@ class _Launcher:
                 overlay = work / "overlay"
                 want = str(write_overlay(mutant, source, overlay))
                 module = mutant.module
-            args = _pytest_args(self.root, p.stage, p.tests, p.hypothesis)
+            if overlay_for is None:  # the clean run: also time every test
+                args = _pytest_args(self.root, p.stage, p.tests, p.hypothesis)
+                args += ["--durations=0", "--durations-min=0"]
+            else:
+                args = _pytest_args(self.root, p.stage, p.order or p.tests, p.hypothesis)
             if self.fork:
                 # Preloaded plugin packages (hypothesis) are imported before pytest
                 # could mark them for assertion rewriting; that is expected here.
@@ -328,7 +338,8 @@ class _Launcher:
     def _spawned(
         self, work: Path, overlay: Path | None, module: str, want: str, args: list[str]
     ) -> _Run:
-        cmd = [self.opts.python, "-c", _BOOTSTRAP, module, want, *args]
+        request = {"overlay": str(overlay) if overlay else "", "module": module, "want": want}
+        cmd = [self.opts.python, str(ZYGOTE), "--once", json.dumps({**request, "args": args})]
         start = time.monotonic()
         proc = subprocess.Popen(
             cmd,
@@ -371,7 +382,7 @@ def _judge(mutant: Mutant, run: _Run, timeout: float) -> Verdict:
         return Verdict(mutant, "survived", "every claiming test passed", seconds=run.seconds)
     if run.code == 1:
         return Verdict(mutant, "killed", _first_failure(run.output), seconds=run.seconds)
-    if run.code == 2:
+    if run.code in (2, 4):  # the same selection collected cleanly, so the mutant broke it
         why = _first_failure(run.output)
         return Verdict(mutant, "killed", f"collection failed ({why})", seconds=run.seconds)
     if run.code == SERVER_DIED:
@@ -512,6 +523,7 @@ def _run_all(
         p = plan_of[stage]
         r = launcher.run(p, None)
         if r.code == 0:
+            p.order = _fastest_first(r.output)
             return StageRun(stage, True, "passed", r.seconds, p.tests)
         why = "timeout" if r.code is None else _first_failure(r.output)
         return StageRun(stage, False, why, r.seconds, p.tests)

@@ -40,6 +40,44 @@ def check_overlay(module: str, want: str) -> str | None:
     return None
 
 
+class NoShrink:
+    """pytest plugin: hypothesis stops at the first failing example.
+
+    A mutant is killed by any failure; shrinking that example to a minimal
+    one only costs time. Applied after conftest files loaded their profile,
+    on top of it, so example counts and deadlines stay the project's own.
+    """
+
+    def pytest_configure(self) -> None:
+        if "hypothesis" not in sys.modules:
+            return
+        from hypothesis import Phase, settings
+
+        current = settings.default
+        if current is None:
+            return
+        phases = [p for p in current.phases if p not in (Phase.shrink, Phase.explain)]
+        settings.register_profile("niels-mutant-run", parent=current, phases=phases)
+        settings.load_profile("niels-mutant-run")
+
+
+def run_tests(req: dict[str, Any]) -> int:
+    """Overlay first on the import path, check it took, then pytest; the exit status."""
+    if req["overlay"]:
+        sys.path.insert(0, req["overlay"])
+        parts = [req["overlay"], os.environ.get("PYTHONPATH", "")]
+        os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p for p in parts if p))
+        importlib.invalidate_caches()
+        problem = check_overlay(req["module"], req["want"])
+        if problem:
+            sys.stderr.write(problem + "\n")
+            return OVERLAY_MISSED
+    import pytest
+
+    pytest.hookimpl(trylast=True)(NoShrink.pytest_configure)
+    return int(pytest.main(req["args"], plugins=[NoShrink()]))
+
+
 def _child(req: dict[str, Any]) -> None:
     code = CHILD_CRASHED
     try:
@@ -52,19 +90,7 @@ def _child(req: dict[str, Any]) -> None:
         os.dup2(null, 0)
         os.close(null)
         os.chdir(req["cwd"])
-        if req["overlay"]:
-            sys.path.insert(0, req["overlay"])
-            parts = [req["overlay"], os.environ.get("PYTHONPATH", "")]
-            os.environ["PYTHONPATH"] = os.pathsep.join(p for p in parts if p)
-            importlib.invalidate_caches()
-            problem = check_overlay(req["module"], req["want"])
-            if problem:
-                sys.stderr.write(problem + "\n")
-                code = OVERLAY_MISSED
-                return
-        import pytest
-
-        code = int(pytest.main(req["args"]))
+        code = run_tests(req)
     except BaseException:
         traceback.print_exc()
     finally:
@@ -89,6 +115,8 @@ def _wait(pid: int, timeout: float) -> int | None:
 
 def main() -> None:
     sys.path.pop(0)  # this file's directory: not something tests should import from
+    if sys.argv[1:2] == ["--once"]:  # one run in this process (no fork)
+        sys.exit(run_tests(json.loads(sys.argv[2])))
     for name in sys.argv[1:]:
         # A preload only saves time; whatever fails here the child imports for real.
         with contextlib.suppress(Exception):
