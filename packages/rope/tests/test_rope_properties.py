@@ -247,3 +247,41 @@ def test_apply_rope_never_casts_or_moves(
     rope.apply_rope(q, q, sin, cos)
     monkeypatch.undo()
     assert calls == [], f"apply_rope called {calls}"
+
+
+def _unaligned(x: torch.Tensor) -> torch.Tensor:
+    """The same values at an odd storage offset, so no complex view is possible."""
+    flat = torch.empty(x.numel() + 1, dtype=x.dtype, device=x.device)
+    view = flat[1:].view(x.shape)  # (B, H, T, D) at offset 1
+    view.copy_(x)
+    return view
+
+
+@pytest.mark.invariant("rope.matches_complex_reference")
+@given(shape=shapes, theta=thetas, seed=st.integers(0, 2**16), data=st.data())
+def test_real_arithmetic_path_matches_reference(
+    device: torch.device,
+    float_dtypes: tuple[torch.dtype, ...],
+    tol: Tol,
+    shape: tuple[int, int, int, int, int],
+    theta: float,
+    seed: int,
+    data: st.DataObject,
+) -> None:
+    """Inputs that cannot be viewed as complex pairs (misaligned, or half precision)
+    take the real-arithmetic rotation; it must give the same rotation."""
+    B, H, T, D, extra = shape
+    dtype = data.draw(st.sampled_from([*float_dtypes, torch.float16, torch.bfloat16]))
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, H, T, D, generator=gen, dtype=torch.float64)  # (B, H, T, D)
+    k = torch.randn(B, H, T, D, generator=gen, dtype=torch.float64)  # (B, H, T, D)
+    sin, cos = rope_cache(T + extra, D, theta=theta, device=device, dtype=dtype)
+    q_in, k_in = _unaligned(q.to(device, dtype)), _unaligned(k.to(device, dtype))
+    q_rot, k_rot = apply_rope(q_in, k_in, sin, cos)
+    # half precision: a few ulps of the largest value for the sum of two products
+    eps = torch.finfo(dtype).eps
+    close = tol(dtype) if dtype in float_dtypes else {"rtol": 4 * eps, "atol": 8 * eps}
+    for x, x_rot in ((q, q_rot), (k, k_rot)):
+        assert (x_rot.shape, x_rot.dtype, x_rot.device.type) == (x.shape, dtype, device.type)
+        expected = reference_rope(x.to(dtype), theta)  # (B, H, T, D) in float64
+        torch.testing.assert_close(x_rot.cpu().double(), expected, **close)

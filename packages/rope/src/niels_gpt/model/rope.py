@@ -12,7 +12,11 @@ Shape notation::
 
     B: batch, H: heads, Tq: query length, Tcache: cache length, D: head dim
 
-Checked against an independent float64 complex-number formulation
+Two ways to the same rotation: where a pair can be read in place as a
+complex number (float32/float64, eager, off MPS) one complex multiply does it;
+elsewhere (MPS, half precision, misaligned views, compiled graphs) real
+arithmetic does. Both are checked against an independent float64
+complex-number formulation
 (``x_pair * exp(i angle)``) in ``tests/test_rope_properties.py``.
 """
 
@@ -160,6 +164,33 @@ def _rotate(x: torch.Tensor, sin2: torch.Tensor, cos2: torch.Tensor) -> torch.Te
     return out.mul_(sin2).addcmul_(x, cos2)  # (B, H, Tq, D)
 
 
+def _complex_viewable(pairs: torch.Tensor) -> bool:
+    """Whether ``pairs`` (``(..., D/2, 2)``) can be read in place as complex numbers.
+
+    Needs a float32/float64 tensor off MPS (no complex dtype there; float16 and
+    bfloat16 have no complex multiply on every backend) whose pairs are adjacent
+    in memory and aligned: last stride 1, every other stride and the storage
+    offset even. Anything else takes the real-arithmetic path, and so does a
+    ``torch.compile`` graph: the compiler fuses the real form into one kernel,
+    and complex views of activations trip Dynamo.
+    """
+    return (
+        not torch.compiler.is_compiling()
+        and pairs.dtype in (torch.float32, torch.float64)
+        and pairs.device.type != "mps"
+        and pairs.stride(-1) == 1
+        and pairs.storage_offset() % 2 == 0
+        and all(stride % 2 == 0 for stride in pairs.stride()[:-1])
+    )
+
+
+def _rotate_complex(pairs: torch.Tensor, turn: torch.Tensor) -> torch.Tensor:
+    # The pair (a, b) read as a + ib times cos + i sin gives exactly
+    # (a cos - b sin) + i (a sin + b cos): one fused pass, no copy of the input.
+    z = torch.view_as_complex(pairs)  # (B, H, Tq, D/2) complex view of x
+    return torch.view_as_real(z * turn).flatten(-2)  # (B, H, Tq, D)
+
+
 def apply_rope(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -183,5 +214,13 @@ def apply_rope(
     """
     _check_apply_inputs(q, k, sin, cos)
     t = q.shape[-2]
-    sin2, cos2 = _pair_tables(sin[:, :, :t, :], cos[:, :, :t, :])  # (1, 1, Tq, D) each
+    sin_t, cos_t = sin[:, :, :t, :], cos[:, :, :t, :]  # (1, 1, Tq, D/2) views
+    q_pairs = q.reshape(
+        *q.shape[:-1], q.shape[-1] // 2, 2
+    )  # (B, H, Tq, D/2, 2), a view when it can be
+    k_pairs = k.reshape(*k.shape[:-1], k.shape[-1] // 2, 2)  # (B, H, Tq, D/2, 2)
+    if _complex_viewable(q_pairs) and _complex_viewable(k_pairs):
+        turn = torch.complex(cos_t, sin_t)  # (1, 1, Tq, D/2) complex, cos + i sin
+        return _rotate_complex(q_pairs, turn), _rotate_complex(k_pairs, turn)  # (B, H, Tq, D)
+    sin2, cos2 = _pair_tables(sin_t, cos_t)  # (1, 1, Tq, D) each
     return _rotate(q, sin2, cos2), _rotate(k, sin2, cos2)  # (B, H, Tq, D) each
