@@ -302,6 +302,23 @@ def test_embedding_and_residual_dropout_placement(device: torch.device) -> None:
     assert isinstance(model.blocks[0].attn, CausalSelfAttention)
 
 
+@pytest.mark.invariant("backbone_v1.dropout_placement")
+def test_trace_path_drops_out_exactly_like_forward(device: torch.device) -> None:
+    """Same RNG state, same dropout calls in the same order: identical train logits."""
+    cfg = ModelConfig(V=40, T=8, C=16, L=2, H=2, d_ff=24, dropout=0.5)
+    model = GPT(cfg).to(device).train()
+    calls: list[torch.Tensor] = []
+    model.drop.register_forward_hook(lambda m, i, o: calls.append(i[0]))
+    x = _tokens(cfg, 2, cfg.T, 5, device)
+    torch.manual_seed(7)
+    logits = model(x)
+    torch.manual_seed(7)
+    traced, _ = model.forward_with_attn_trace(x, trace_layer=1)
+    assert len(calls) == 2, "embedding dropout must run once in each path"
+    torch.testing.assert_close(calls[1], model.tok_emb(x))
+    torch.testing.assert_close(traced, logits, rtol=0, atol=0)
+
+
 @pytest.mark.invariant("backbone_v1.config_requires_V")
 def test_modelconfig_without_v_fails_and_gpt_uses_v() -> None:
     with pytest.raises(TypeError, match="'V'"):

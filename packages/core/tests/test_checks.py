@@ -1,0 +1,39 @@
+"""The shared input checks: boundaries and messages."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from niels_gpt.checks import InputError, check_features, check_length, check_like
+
+
+@pytest.mark.invariant("core.input_checks")
+def test_check_length_boundaries() -> None:
+    check_length(1, 8)
+    check_length(8, 8)  # t == cfg.T is allowed
+    for bad in (0, 9, -1):
+        with pytest.raises(InputError, match=rf"\[1, 8\].*got {bad}"):
+            check_length(bad, 8)
+
+
+@pytest.mark.invariant("core.input_checks")
+def test_input_error_is_every_kind_a_caller_may_catch() -> None:
+    for kind in (AssertionError, ValueError, TypeError):
+        with pytest.raises(kind):
+            check_length(0, 1)
+
+
+@pytest.mark.invariant("core.input_checks")
+def test_check_features_and_like_name_expected_and_actual() -> None:
+    x = torch.zeros(2, 3, 4)  # (B, T, C)
+    check_features(x, "x", ndim=3, last=4)
+    with pytest.raises(InputError, match="3 dims, got 2"):
+        check_features(x[0], "x", ndim=3, last=4)
+    with pytest.raises(InputError, match=r"must be 5.*got 4"):
+        check_features(x, "x", ndim=3, last=5)
+    check_like(x, "x", torch.zeros(1), "m")
+    with pytest.raises(InputError, match=r"torch.float64.*got torch.float32"):
+        check_like(x, "x", torch.zeros(1, dtype=torch.float64), "m")
+    with pytest.raises(InputError, match="meta"):
+        check_like(x, "x", torch.zeros(1, device="meta"), "m")
