@@ -42,3 +42,21 @@ def tol() -> Callable[[torch.dtype], dict[str, float]]:
         return _TOLERANCES[str(dtype)]
 
     return lookup
+
+
+@pytest.fixture(scope="session")
+def randomise() -> Callable[[torch.nn.Module, int], None]:
+    """``randomise(module, seed)``: non-trivial weights everywhere, norms included.
+
+    Matrices get N(0, 0.3); vectors (biases, norm weights) get 1 + N(0, 0.3), so
+    a wiring bug (a skipped norm, a swapped branch) changes the output.
+    """
+
+    def fill(module: torch.nn.Module, seed: int) -> None:
+        gen = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for p in module.parameters():
+                noise = torch.randn(p.shape, generator=gen) * 0.3  # (*p.shape)
+                p.copy_(noise + (1.0 if p.ndim == 1 else 0.0))
+
+    return fill

@@ -46,6 +46,20 @@ def _devices(value: str) -> tuple[str, ...]:
     return names
 
 
+def _add_output_and_repo(parser: argparse.ArgumentParser) -> None:
+    """``--output`` and ``--repo``, shared by every subcommand."""
+    parser.add_argument(
+        "--output", type=Path, metavar="FILE", help="write the report here instead of stdout"
+    )
+    parser.add_argument(
+        "--repo",
+        type=Path,
+        default=Path(),
+        metavar="DIR",
+        help="repository to check (default: the current directory)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="contracts", description="The niels_gpt spec gate.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -84,16 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="devices that must have verified every invariant (NOT RUN fails)",
     )
     check.add_argument("--format", choices=sorted(FORMATS), default="text")
-    check.add_argument(
-        "--output", type=Path, metavar="FILE", help="write the report here instead of stdout"
-    )
-    check.add_argument(
-        "--repo",
-        type=Path,
-        default=Path(),
-        metavar="DIR",
-        help="repository to check (default: the current directory)",
-    )
+    _add_output_and_repo(check)
     check.add_argument(
         "--no-api", action="store_true", help="skip the import-based API check (no torch needed)"
     )
@@ -146,16 +151,7 @@ def _add_mutants_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
         help="start a fresh python per run instead of forking from a preloaded server",
     )
     mutants.add_argument("--format", choices=["text", "json"], default="text")
-    mutants.add_argument(
-        "--output", type=Path, metavar="FILE", help="write the report here instead of stdout"
-    )
-    mutants.add_argument(
-        "--repo",
-        type=Path,
-        default=Path(),
-        metavar="DIR",
-        help="repository to check (default: the current directory)",
-    )
+    _add_output_and_repo(mutants)
 
 
 def _progress(line: str) -> None:

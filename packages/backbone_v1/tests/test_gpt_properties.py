@@ -52,13 +52,6 @@ def ref_swiglu(x: torch.Tensor, mlp: MLP) -> torch.Tensor:
     return h @ mlp.w_o.weight.T + mlp.w_o.bias  # (B, T, C)
 
 
-def _randomise(module: nn.Module, seed: int) -> None:
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in module.parameters():
-            p.copy_(torch.randn(p.shape, generator=gen) * 0.3 + (1.0 if p.ndim == 1 else 0.0))
-
-
 def _tokens(cfg: ModelConfig, B: int, t: int, seed: int, device: torch.device) -> torch.Tensor:
     gen = torch.Generator().manual_seed(seed)
     return torch.randint(0, cfg.V, (B, t), generator=gen).to(device)  # (B, t)
@@ -99,6 +92,7 @@ def test_rmsnorm_matches_formula(
 @given(cfg=configs(), seed=st.integers(0, 2**16), data=st.data())
 def test_swiglu_matches_formula(
     device: torch.device,
+    randomise: Callable[[nn.Module, int], None],
     float_dtypes: tuple[torch.dtype, ...],
     tol: Tol,
     cfg: ModelConfig,
@@ -107,7 +101,7 @@ def test_swiglu_matches_formula(
 ) -> None:
     dtype = data.draw(st.sampled_from(float_dtypes))
     mlp = MLP(cfg)
-    _randomise(mlp, seed)
+    randomise(mlp, seed)
     mlp.to(device=device, dtype=dtype)
     x = torch.randn(2, cfg.T, cfg.C, generator=torch.Generator().manual_seed(seed))  # (B, T, C)
     x = x.to(device, dtype)
@@ -118,6 +112,7 @@ def test_swiglu_matches_formula(
 @given(cfg=configs(), seed=st.integers(0, 2**16), data=st.data())
 def test_block_v1_matches_prenorm_reference(
     device: torch.device,
+    randomise: Callable[[nn.Module, int], None],
     float_dtypes: tuple[torch.dtype, ...],
     tol: Tol,
     cfg: ModelConfig,
@@ -128,7 +123,7 @@ def test_block_v1_matches_prenorm_reference(
     block = Block(cfg)
     assert isinstance(block.ln1, RMSNorm) and isinstance(block.ln2, RMSNorm)
     assert isinstance(block.mlp, MLP) and isinstance(block.attn, StageAttention)
-    _randomise(block, seed)
+    randomise(block, seed)
     block.to(device=device, dtype=dtype).eval()
     x = torch.randn(2, cfg.T, cfg.C, generator=torch.Generator().manual_seed(seed))  # (B, T, C)
     x = x.to(device, dtype)

@@ -43,18 +43,11 @@ def ref_mlp(x: torch.Tensor, mlp: MLP) -> torch.Tensor:
     return h @ mlp.proj.weight.T + mlp.proj.bias  # (B, T, C)
 
 
-def _randomise(module: nn.Module, seed: int) -> None:
-    """Non-trivial weights everywhere, norms included, so wiring bugs show."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in module.parameters():
-            p.copy_(torch.randn(p.shape, generator=gen) * 0.3 + (1.0 if p.ndim == 1 else 0.0))
-
-
 @pytest.mark.invariant("block.prenorm_wiring")
 @given(cfg=configs(), seed=st.integers(0, 2**16), data=st.data())
 def test_block_matches_prenorm_reference(
     device: torch.device,
+    randomise: Callable[[nn.Module, int], None],
     float_dtypes: tuple[torch.dtype, ...],
     tol: Tol,
     cfg: ModelConfig,
@@ -64,7 +57,7 @@ def test_block_matches_prenorm_reference(
     dtype = data.draw(st.sampled_from(float_dtypes))
     T = data.draw(st.integers(1, cfg.T))
     block = Block(cfg)
-    _randomise(block, seed)
+    randomise(block, seed)
     block.to(device=device, dtype=dtype).eval()
     x = torch.randn(2, T, cfg.C, generator=torch.Generator().manual_seed(seed))  # (B, T, C)
     x = x.to(device, dtype)
@@ -82,6 +75,7 @@ def test_block_matches_prenorm_reference(
 @given(cfg=configs(), B=st.integers(1, 3), seed=st.integers(0, 2**16), data=st.data())
 def test_mlp_matches_reference_and_has_finite_grads(
     device: torch.device,
+    randomise: Callable[[nn.Module, int], None],
     float_dtypes: tuple[torch.dtype, ...],
     tol: Tol,
     cfg: ModelConfig,
@@ -91,7 +85,7 @@ def test_mlp_matches_reference_and_has_finite_grads(
 ) -> None:
     dtype = data.draw(st.sampled_from(float_dtypes))
     mlp = MLP(cfg)
-    _randomise(mlp, seed)
+    randomise(mlp, seed)
     mlp.to(device=device, dtype=dtype)
     assert (mlp.fc.in_features, mlp.fc.out_features) == (cfg.C, cfg.d_ff)
     assert (mlp.proj.in_features, mlp.proj.out_features) == (cfg.d_ff, cfg.C)
