@@ -18,6 +18,8 @@ def test_tree_api_matches(repo: Repo) -> None:
     assert {o["check"] for o in out["outcomes"]} == {
         "spec",
         "api",
+        "modules",
+        "source",
         "static",
         "invariants",
         "stages",
@@ -79,7 +81,9 @@ def test_unimportable_module_is_a_violation_not_a_pass(repo: Repo) -> None:
 def test_pr_gate_inspects_the_head_revision_not_the_working_tree(repo: Repo) -> None:
     repo.replace(ALPHA_MOD, "turns: int = 1,", "turns: int = 2,")
     repo.commit()
-    repo.replace(ALPHA_MOD, "turns: int = 2,", "turns: int = 1,")  # uncommitted fix
+    # An uncommitted fix that keeps a docstring change, so the working tree differs from main.
+    repo.replace(ALPHA_MOD, "turns: int = 2,", "turns: int = 1,")
+    repo.replace(ALPHA_MOD, "    _check(x)\n", '    """Rotate."""\n    _check(x)\n')
     code, _ = repo.gate_json(*PR)
     assert code == 1
     code, out = repo.gate_json("--stage", "alpha", "--base", "main")  # working tree

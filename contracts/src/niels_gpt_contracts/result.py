@@ -23,6 +23,19 @@ RULES: dict[str, str] = {
     "path.forbidden": "The path matches the stage's must_not_change patterns.",
     "path.not-allowed": "The path matches none of the stage's may_change patterns.",
     "path.line-scope": "The file may change only on lines its line-scoped permission allows.",
+    "path.autoload": "A stage PR adds or changes code that Python or pytest loads without an "
+    "import: conftest.py, sitecustomize.py, *.pth, ini files, entry points, build hooks.",
+    "path.symlink": "A stage PR adds or changes a symbolic link; stages ship regular files.",
+    "module.unlisted": "A file under the stage's src/ is not among the modules its spec lists.",
+    "module.shadowed": "A file under the stage's src/ sits at the path of a module another "
+    "stage owns.",
+    "module.missing": "A module the stage's spec lists is absent.",
+    "module.undeclared-import": "A stage module imports a module of a stage it does not "
+    "depend on (or of no stage).",
+    "source.import": "A stage module imports outside the allowed modules (the stages' "
+    "namespace, public torch, pure-computation stdlib).",
+    "source.dynamic": "A stage module builds names or code at run time, or reaches "
+    "interpreter internals, so its behaviour cannot be read from its source.",
     "api.missing": "A public object the spec lists cannot be imported.",
     "api.kind": "A public object is not of the kind the spec says.",
     "api.signature": "A public signature differs from the spec (names, kinds, defaults, "

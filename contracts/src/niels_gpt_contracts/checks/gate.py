@@ -16,7 +16,16 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from niels_gpt_contracts.checks import api, devices, invariants, paths, static
+from niels_gpt_contracts.checks import (
+    api,
+    autoload,
+    devices,
+    invariants,
+    modules,
+    paths,
+    source,
+    static,
+)
 from niels_gpt_contracts.errors import ConfigError
 from niels_gpt_contracts.gitdiff import GitRepo, RevisionTree, Tree, WorkingTree
 from niels_gpt_contracts.result import BROKEN, KEPT, Outcome, Result, Violation
@@ -111,8 +120,15 @@ def _stage_checks(
         result.outcomes.append(
             _outcome(spec.id, "api", api_found.get(spec.id, []), f"{len(spec.api)} objects match")
         )
+    owned = modules.check_modules(spec, specs, tree)
+    result.outcomes.append(
+        _outcome(spec.id, "modules", owned, f"owns exactly {len(spec.modules)} module(s)")
+    )
+    src = source.check_source(spec, tree.read_many(spec.module_files), modules.namespaces(specs))
+    result.outcomes.append(_outcome(spec.id, "source", src, "source readable"))
     stat = static.check_static(spec, tree, changed_lines)
-    result.outcomes.append(_outcome(spec.id, "static", stat, f"{len(spec.rules)} rules hold"))
+    n_static = sum(r.kind not in static.RUNTIME_KINDS for r in spec.rules)
+    result.outcomes.append(_outcome(spec.id, "static", stat, f"{n_static} rules hold"))
     inv, claimed = invariants.check_invariants(spec, specs, claims)
     result.outcomes.append(
         _outcome(spec.id, "invariants", inv, f"{claimed}/{len(spec.invariants)} invariants claimed")
@@ -199,6 +215,11 @@ def run_pr(request: Request) -> Result:
     reports = devices.load_reports(request.reports_dir, request.report_files)
 
     changes = repo.changes(merge_base, head)
+    if not changes:
+        raise ConfigError(
+            f"expected a PR that changes something, found no changed path from merge-base "
+            f"{merge_base[:12]} to {head[:12] if head else 'the working tree'} (nothing to judge)"
+        )
     head_tree: Tree = RevisionTree(repo, head) if head else WorkingTree(repo)
     result = Result(
         mode="pr",
@@ -210,12 +231,15 @@ def run_pr(request: Request) -> Result:
     )
     _add_rule_texts(result, [spec])
     result.outcomes.append(Outcome(spec.id, "spec", KEPT, f"{spec.path} at base {base[:12]} valid"))
-    path_violations, judged = paths.check_paths(
-        spec, changes, RevisionTree(repo, merge_base), head_tree
-    )
+    base_side = RevisionTree(repo, merge_base)
+    path_violations, judged = paths.check_paths(spec, changes, base_side, head_tree)
     result.changed_paths = judged
     result.outcomes.append(
         _outcome(spec.id, "paths", path_violations, f"{judged} changed paths allowed")
+    )
+    loading = autoload.check_autoload(spec, changes, base_side, head_tree)
+    result.outcomes.append(
+        _outcome(spec.id, "autoload", loading, "no self-loading file, table or link")
     )
     changed = {p for c in changes for p in c.paths()}
     api_found = api.check_api([spec], head_tree) if request.api else None
