@@ -44,6 +44,8 @@ RULES: dict[str, str] = {
     "api.fields": "A class does not declare exactly the annotated fields the spec lists.",
     "api.identity": "A re-exported object is not the very object the spec names.",
     "api.probe": "The API could not be inspected (import or probe failure).",
+    "api.source": "The signature inspect reports differs from the def that runs (an assigned "
+    "__signature__, a hiding decorator), or the running code is not in the tree.",
     "invariant.unclaimed": "A spec invariant is claimed by no test.",
     "invariant.unknown": "A test claims an invariant id that no spec declares.",
     "invariant.malformed": "An invariant marker is not a single string literal '<stage>.<id>'.",
