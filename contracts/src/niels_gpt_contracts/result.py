@@ -50,6 +50,17 @@ RULES: dict[str, str] = {
     "invariant.unknown": "A test claims an invariant id that no spec declares.",
     "invariant.malformed": "An invariant marker is not a single string literal '<stage>.<id>'.",
     "stage.unspecified": "A stage package under packages/ has no spec in specs/.",
+    "tests.failed": "A reference test (the base's, or a maintainer's acceptance test) or one "
+    "of the PR's own tests fails on the PR's code.",
+    "tests.skipped": "A reference test skips on the PR's code but runs on the base's code.",
+    "tests.missing": "A reference test the base collects never runs on the PR's code.",
+    "tests.error": "A test run of the verdict could not be read (collection error, time limit, "
+    "no report); nothing it would have proved counts.",
+    "mutant.survived": "A catalogued bug of the stage survives its tests.",
+    "mutant.stale": "A catalogued bug no longer applies to the code (its find text is gone).",
+    "mutant.error": "A mutant run failed for a reason other than a test failure.",
+    "sandbox.tampered": "A file of the checker, of the sandbox interpreter or of the verdict's "
+    "workspace changed while the PR's code ran.",
     "device.failed": "A test claiming the invariant failed on the device.",
     "device.incomplete": "The device run ended in error before the invariant was verified.",
     "device.not-run": "The invariant was not verified on a device the run requires.",

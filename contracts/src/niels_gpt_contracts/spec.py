@@ -52,6 +52,7 @@ def compile_patterns(patterns: list[str] | tuple[str, ...]) -> pathspec.GitIgnor
 
 
 META_SPEC = compile_patterns(META_PATTERNS)
+RUNTIME_KINDS = frozenset({"forbidden_ops"})
 
 
 @dataclass(frozen=True)
@@ -99,8 +100,13 @@ class Rule:
     line: int | None
 
     @property
+    def runtime(self) -> bool:
+        """Judged by what executes (``contracts pr`` runs its driver), not by reading."""
+        return self.kind in RUNTIME_KINDS
+
+    @property
     def rule_id(self) -> str:
-        return f"static.{self.id}"
+        return f"{'runtime' if self.runtime else 'static'}.{self.id}"
 
     def patterns(self, key: str = "files") -> pathspec.GitIgnoreSpec:
         return compile_patterns(list(self.params.get(key, [])))

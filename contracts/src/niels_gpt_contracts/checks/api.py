@@ -46,8 +46,17 @@ def _request(entry: ApiEntry) -> dict[str, Any]:
     }
 
 
-def probe(tree: Tree, entries: list[ApiEntry]) -> list[dict[str, Any]]:
-    """Run the import probe over ``entries`` on ``tree``; one result per entry."""
+def probe(
+    tree: Tree,
+    entries: list[ApiEntry],
+    python: str = sys.executable,
+    env: Mapping[str, str] | None = None,
+) -> list[dict[str, Any]]:
+    """Run the import probe over ``entries`` on ``tree``; one result per entry.
+
+    ``python`` and ``env`` choose the interpreter that imports the tree's code
+    (the PR verdict passes its sandbox's); by default, this one.
+    """
     if not entries:
         return []
     with tempfile.TemporaryDirectory(prefix="contracts-api-") as tmp:
@@ -61,7 +70,7 @@ def probe(tree: Tree, entries: list[ApiEntry]) -> list[dict[str, Any]]:
         try:
             done = subprocess.run(
                 [
-                    sys.executable,
+                    python,
                     "-P",
                     "-c",
                     PROBE.read_text(encoding="utf-8"),
@@ -70,6 +79,7 @@ def probe(tree: Tree, entries: list[ApiEntry]) -> list[dict[str, Any]]:
                 capture_output=True,
                 text=True,
                 cwd=tmp,
+                env=dict(env) if env is not None else None,
                 timeout=TIMEOUT_S,
                 check=False,
             )
@@ -177,10 +187,15 @@ def judge(
     return out
 
 
-def check_api(specs: list[Spec], tree: Tree) -> dict[str, list[Violation]]:
-    """API violations per stage, one probe for all of ``specs``."""
+def check_api(
+    specs: list[Spec],
+    tree: Tree,
+    python: str = sys.executable,
+    env: Mapping[str, str] | None = None,
+) -> dict[str, list[Violation]]:
+    """API violations per stage, one probe for all of ``specs`` (``python``/``env``: see probe)."""
     entries = [(s, e) for s in specs for e in s.api]
-    results = probe(tree, [e for _, e in entries])
+    results = probe(tree, [e for _, e in entries], python, env)
     out: dict[str, list[Violation]] = {s.id: [] for s in specs}
     for (spec, entry), found in zip(entries, results, strict=True):
         out[spec.id].extend(judge(spec, entry, found, tree))

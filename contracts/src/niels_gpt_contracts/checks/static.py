@@ -280,9 +280,6 @@ _KINDS = {
 }
 
 
-RUNTIME_KINDS = frozenset({"forbidden_ops"})
-
-
 def check_static(
     spec: Spec, tree: Tree, changed_lines: Mapping[str, set[int]] | None = None
 ) -> list[Violation]:
@@ -294,7 +291,7 @@ def check_static(
     files = tree.files()
     out: list[Violation] = []
     for rule in spec.rules:
-        if rule.kind in RUNTIME_KINDS:
+        if rule.runtime:
             continue
         for path, line, message in _KINDS[rule.kind](rule, tree, files):
             changed = bool(
