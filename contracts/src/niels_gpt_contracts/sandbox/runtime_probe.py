@@ -14,6 +14,11 @@ from niels_gpt_contracts.spec import Rule
 PROBE = Path(__file__).with_name("_runtime_probe.py")
 
 
+def rule_key(rule: Rule) -> str:
+    """A rule's key in the probe's answer: several stages may use one rule id."""
+    return f"{rule.params['driver']}#{rule.id}"
+
+
 @dataclass(frozen=True)
 class Recorded:
     """What one rule's driver dispatched inside its ``record()`` blocks."""
@@ -47,7 +52,7 @@ def run(
     request = {
         "device": device,
         "root": str(drivers_root),
-        "rules": [{"id": r.id, "driver": r.params["driver"]} for r in rules],
+        "rules": [{"id": rule_key(r), "driver": r.params["driver"]} for r in rules],
     }
     done = processes.run(
         [box.python, str(PROBE)],
@@ -65,8 +70,8 @@ def run(
         if not isinstance(data, dict):
             raise ValueError("no result line")
         for rule in rules:
-            got = data[rule.id]
-            out.recorded[rule.id] = Recorded(
+            got = data[rule_key(rule)]
+            out.recorded[rule_key(rule)] = Recorded(
                 tuple(map(str, got["ops"])),
                 tuple(map(str, got["casts"])),
                 int(got["blocks"]),

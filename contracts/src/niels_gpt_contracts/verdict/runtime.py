@@ -13,7 +13,7 @@ import fnmatch
 from collections.abc import Sequence
 
 from niels_gpt_contracts.result import Violation
-from niels_gpt_contracts.sandbox.runtime_probe import ProbeRun
+from niels_gpt_contracts.sandbox.runtime_probe import ProbeRun, rule_key
 from niels_gpt_contracts.spec import Rule, Spec
 
 
@@ -39,7 +39,7 @@ def judge(rules: Sequence[tuple[Spec, Rule]], probe: ProbeRun, stage: str) -> li
         if probe.problem is not None:
             add(spec, rule, f"not checked: {probe.problem}")
             continue
-        got = probe.recorded.get(rule.id)
+        got = probe.recorded.get(rule_key(rule))
         if got is None:
             add(spec, rule, "not checked: the probe returned nothing for this rule")
         elif got.error is not None:
