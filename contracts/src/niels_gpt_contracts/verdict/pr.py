@@ -164,6 +164,17 @@ def _tests_on(
     return found, runs
 
 
+def _tests_summary(runs: list[pytest_run.PytestRun]) -> str:
+    ref, *pr = runs
+    skipped = len(ratchet.skipped(ref))
+    text = f"{len(ref.tests) - skipped} reference tests pass on the PR's code"
+    if skipped:
+        text += f" ({skipped} skipped, as on the base)"
+    if pr:
+        text += f"; {len(pr[0].tests)} of the PR's own tests pass"
+    return text
+
+
 def _tampered(stage: str, paths: list[str]) -> Outcome:
     message = "changed while the PR's code ran: the PR's code wrote outside its sandbox"
     found = [Violation("sandbox.tampered", p, None, message, stage, "sandbox") for p in paths[:20]]
@@ -178,7 +189,10 @@ def run(request: PrRequest, say: Say) -> Result:
     spec = ctx.spec
     result = ctx.result(request.require_devices)
     gate.judge_pr_static(ctx, result)
-    p = plan.make_plan(spec, ctx.specs, ctx.changes, ctx.base_tree.files(), ctx.head_tree.files())
+    rejected = {v.path for v in result.violations if v.path is not None}
+    p = plan.make_plan(
+        spec, ctx.specs, ctx.changes, ctx.base_tree.files(), ctx.head_tree.files(), rejected
+    )
     gate.add_rule_texts(result, p.closure)
     claims = invariants.scan_claims(ctx.head_tree)
     claims += invariants.scan_claims(ctx.base_tree, p.reference_from_base)
@@ -209,7 +223,7 @@ def run(request: PrRequest, say: Say) -> Result:
             kept = f"{len(rules)} runtime rule(s) hold"
             result.outcomes.append(_outcome(spec.id, f"runtime:{device}", broken, kept))
             found, runs = _tests_on(runner, p, device, say)
-            kept = f"{sum(len(r.tests) for r in runs)} tests pass on the PR's code"
+            kept = _tests_summary(runs)
             result.outcomes.append(_outcome(spec.id, f"tests:{device}", found, kept))
             required = device in request.require_devices
             report = _device_counts(runs)
