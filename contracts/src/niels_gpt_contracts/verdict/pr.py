@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,11 +30,12 @@ from typing import Any
 from niels_gpt_contracts.checks import api, devices, gate, invariants, pr_context
 from niels_gpt_contracts.checks.modules import namespaces
 from niels_gpt_contracts.errors import ConfigError
+from niels_gpt_contracts.mutants.runner import Cache
 from niels_gpt_contracts.result import Outcome, Result, Violation
 from niels_gpt_contracts.sandbox import processes, pytest_run, runtime_probe, workspace
 from niels_gpt_contracts.sandbox.environment import Sandbox, build
 from niels_gpt_contracts.verdict import integrity, plan, ratchet, runtime
-from niels_gpt_contracts.verdict.mutation import run_mutants
+from niels_gpt_contracts.verdict.mutation import CACHE_NAME, run_mutants
 
 Say = Callable[[str], None]
 
@@ -197,6 +199,8 @@ def run(request: PrRequest, say: Say) -> Result:
     claims = invariants.scan_claims(ctx.head_tree)
     claims += invariants.scan_claims(ctx.base_tree, p.reference_from_base)
     jobs = max(1, request.jobs or os.cpu_count() or 1)
+    request.cache.mkdir(parents=True, exist_ok=True)
+    kills = Cache(request.cache / CACHE_NAME, True)  # read now, before any PR code runs
     with tempfile.TemporaryDirectory(prefix="contracts-pr-") as tmp:
         w = _write_workspace(ctx, p, Path(tmp))
         constraints = ctx.base_tree.read("constraints.txt") or ""
@@ -229,7 +233,10 @@ def run(request: PrRequest, say: Say) -> Result:
             report = _device_counts(runs)
             result.outcomes.append(devices.device_outcome(spec, device, report, required))
         if request.mutants:
-            result.outcomes.append(run_mutants(ctx, p, w, box, request, say))
+            result.outcomes.append(run_mutants(ctx, p, w, box, request, kills, say))
         tampered = guard.changes()
+    if tampered and request.python is None:
+        # Never reuse an environment the PR's code may have poisoned.
+        shutil.rmtree(Path(python).parent.parent, ignore_errors=True)
     result.outcomes.append(_tampered(spec.id, tampered))
     return result
