@@ -55,8 +55,9 @@ class Guard:
     roots: tuple[str, ...]
 
     @classmethod
-    def take(cls, watched: list[str]) -> Guard:
-        package = Path(niels_gpt_contracts.__file__).resolve().parent
+    def take(cls, watched: list[str], package: Path | None = None) -> Guard:
+        """Hash ``package`` (default: the running checker's) and snapshot ``watched``."""
+        package = package or Path(niels_gpt_contracts.__file__).resolve().parent
         return cls(package, _hashes(package), Snapshot.take(watched), tuple(watched))
 
     def changes(self) -> list[str]:

@@ -1,0 +1,43 @@
+"""The verdict's guard: checker files, interpreter path and workspace must not change."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from prkit import PrRepo, rules_of
+
+import niels_gpt_contracts
+from niels_gpt_contracts.verdict.integrity import Guard, preload
+
+MIXER = "packages/mixer/src/ngt/model/mixer.py"
+
+
+def test_a_rewritten_checker_file_is_found(tmp_path: Path) -> None:
+    package = tmp_path / "niels_gpt_contracts"
+    shutil.copytree(Path(niels_gpt_contracts.__file__).parent, package)
+    watched = tmp_path / "site"
+    watched.mkdir()
+    (watched / "keep.py").write_text("x = 1\n")
+    guard = Guard.take([str(watched)], package)
+    assert guard.changes() == []
+    (package / "cli.py").write_text("def main(argv=None):\n    return 0\n")
+    (watched / "evil.pth").write_text("import os\n")
+    (watched / "keep.py").write_text("x = 2\n")
+    assert guard.changes() == [
+        str(package / "cli.py"),
+        str(watched / "evil.pth"),
+        str(watched / "keep.py"),
+    ]
+
+
+def test_every_checker_module_is_imported_before_the_prs_code_runs() -> None:
+    assert preload() >= 30
+
+
+def test_source_that_does_not_import_is_an_error_of_the_runs(pr_repo: PrRepo) -> None:
+    pr_repo.replace(MIXER, "def mix(", "def mix(:\ndef mix(")
+    pr_repo.pr("mixer")
+    code, out, _ = pr_repo.verdict()
+    assert code == 1
+    assert {"tests.error", "api.missing"} <= rules_of(out)
