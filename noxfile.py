@@ -219,6 +219,31 @@ def contracts(session: nox.Session) -> None:
     run_dev(session, "contracts", "check", *(session.posargs or ["--reports", str(REPORTS)]))
 
 
+@nox.session(name="pr", venv_backend="none")
+def pr_verdict(session: nox.Session) -> None:
+    """The PR verdict CI gives, on your branch: ``nox -s pr -- --base origin/main``.
+
+    Runs ``contracts pr`` (the checker of this checkout, the sandbox interpreter
+    of the shared dev environment, so nothing is built); CI runs the same command
+    from a checker installed from the base, with an interpreter built from the
+    base's constraints. ``--head`` defaults to the working tree.
+    """
+    env = dev_env(session)
+    python = str(_bin_dir(DEV_ENV) / "python")
+    args = list(session.posargs) or ["--base", "origin/main"]
+    session.run(
+        str(_bin_dir(DEV_ENV) / "contracts"),
+        "pr",
+        "--python",
+        python,
+        "--cache-dir",
+        str(ROOT / ".contracts-cache"),
+        *args,
+        env=env,
+        external=True,
+    )
+
+
 @nox.session(venv_backend="none")
 def bench(session: nox.Session) -> None:
     """Side-by-side benchmarks: ``-- --device cuda``, ``--quick``, ``--no-compile``.
