@@ -143,6 +143,19 @@ def _torch_sees(session: nox.Session, kind: str) -> tuple[bool, str]:
     return seen, "" if seen else f"torch {kind} backend reports it unavailable"
 
 
+def acceptance_dirs() -> list[str]:
+    """``specs/<stage>/tests`` of every stage whose package exists.
+
+    The maintainers' acceptance tests land with a new stage's spec, before the
+    stage's first PR; until its package is there they have nothing to test.
+    """
+    return sorted(
+        str(tests.relative_to(ROOT))
+        for tests in (ROOT / "specs").glob("*/tests")
+        if (ROOT / "packages" / tests.parent.name).is_dir()
+    )
+
+
 def device_tests(session: nox.Session, kind: str) -> None:
     if kind != "cpu":
         for check in (lambda: _platform_can_have(kind), lambda: _torch_sees(session, kind)):
@@ -154,6 +167,7 @@ def device_tests(session: nox.Session, kind: str) -> None:
         session,
         "pytest",
         "packages",
+        *acceptance_dirs(),
         f"--device={kind}",
         "--numprocesses=auto",
         f"--invariant-report={REPORTS / f'invariants-{kind}.json'}",

@@ -186,3 +186,28 @@ def test_plugin_report_feeds_the_gate(repo: Repo, tmp_path: Path) -> None:
     failed = next(v for v in result["violations"] if v["rule"] == "device.failed")
     assert failed["message"].endswith("::test_bad")
     assert result["stages"] == {"alpha": "BROKEN", "beta": "KEPT"}
+
+
+def test_a_stage_whose_package_is_not_there_yet_is_pending(repo: Repo) -> None:
+    """The maintainers' spec and acceptance tests land before the stage's first PR."""
+    repo.write(
+        "specs/gamma.toml",
+        repo.read("specs/alpha.toml")
+        .replace('id = "alpha"', 'id = "gamma"')
+        .replace('"packages/alpha"', '"packages/gamma"')
+        .replace("ngx-alpha", "ngx-gamma")
+        .replace("ngx/alpha_mod.py", "ngx/gamma_mod.py")
+        .replace("ngx.alpha_mod", "ngx.gamma_mod")
+        .replace("packages/alpha/", "packages/gamma/"),
+    )
+    repo.write(
+        "specs/gamma/tests/test_gamma.py",
+        "import pytest\n\n\n"
+        '@pytest.mark.invariant("gamma.keeps_length")\ndef test_a():\n    pass\n\n\n'
+        '@pytest.mark.invariant("gamma.turns_compose")\ndef test_b():\n    pass\n',
+    )
+    code, out = repo.gate_json()
+    assert code == 0, out["violations"]
+    gamma = [o for o in out["outcomes"] if o["stage"] == "gamma"]
+    assert [(o["check"], o["status"]) for o in gamma] == [("spec", "KEPT"), ("stage", "NOT RUN")]
+    assert gamma[1]["summary"].startswith("pending: packages/gamma does not exist yet")
