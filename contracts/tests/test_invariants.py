@@ -9,13 +9,27 @@ from pathlib import Path
 
 from gatekit import Repo, rules
 
+from niels_gpt_contracts import fingerprint
+
 ALPHA_TEST = "packages/alpha/tests/test_alpha.py"
 
 
-def report(path: Path, device: str, invariants: dict[str, dict[str, int]], status: int = 0) -> None:
+def report(
+    repo: Repo,
+    path: Path,
+    device: str,
+    invariants: dict[str, dict[str, int]],
+    status: int = 0,
+    narrowed: tuple[str, ...] = (),
+) -> None:
+    """A device report as the plugin writes it, produced from ``repo``'s tree."""
     payload = {
         "device": device,
         "exitstatus": status,
+        "source": {
+            "tree": fingerprint.tree(repo.root),
+            "selection": {"args": ["packages"], "narrowed_by": list(narrowed)},
+        },
         "invariants": {
             k: {"passed": 0, "failed": 0, "skipped": 0, "tests": [f"{ALPHA_TEST}::t"], **v}
             for k, v in invariants.items()
@@ -69,7 +83,7 @@ def test_malformed_marker_fails(repo: Repo) -> None:
 
 
 def test_device_reports_all_passing(repo: Repo, tmp_path: Path) -> None:
-    report(tmp_path / "r" / "invariants-cpu.json", "cpu", ALL_PASS)
+    report(repo, tmp_path / "r" / "invariants-cpu.json", "cpu", ALL_PASS)
     code, out = repo.gate_json("--no-api", "--reports", str(tmp_path / "r"))
     assert code == 0, out["violations"]
     status = {(o["stage"], o["check"]): o["status"] for o in out["outcomes"]}
@@ -80,7 +94,7 @@ def test_device_reports_all_passing(repo: Repo, tmp_path: Path) -> None:
 
 
 def test_missing_required_device_is_broken(repo: Repo, tmp_path: Path) -> None:
-    report(tmp_path / "r" / "invariants-cpu.json", "cpu", ALL_PASS)
+    report(repo, tmp_path / "r" / "invariants-cpu.json", "cpu", ALL_PASS)
     code, out = repo.gate_json(
         "--no-api", "--reports", str(tmp_path / "r"), "--require-device", "cpu,mps"
     )
@@ -90,6 +104,7 @@ def test_missing_required_device_is_broken(repo: Repo, tmp_path: Path) -> None:
 
 def test_failed_invariant_names_the_test_file(repo: Repo, tmp_path: Path) -> None:
     report(
+        repo,
         tmp_path / "r" / "invariants-cpu.json",
         "cpu",
         {**ALL_PASS, "alpha.keeps_length": {"passed": 1, "failed": 1}},
@@ -101,7 +116,9 @@ def test_failed_invariant_names_the_test_file(repo: Repo, tmp_path: Path) -> Non
 
 
 def test_skipped_only_is_not_run_never_kept(repo: Repo, tmp_path: Path) -> None:
-    report(tmp_path / "r" / "invariants-mps.json", "mps", {k: {"skipped": 1} for k in ALL_PASS})
+    report(
+        repo, tmp_path / "r" / "invariants-mps.json", "mps", {k: {"skipped": 1} for k in ALL_PASS}
+    )
     code, out = repo.gate_json("--no-api", "--reports", str(tmp_path / "r"))
     assert code == 0
     mps = [o for o in out["outcomes"] if o["check"] == "device:mps"]
@@ -114,7 +131,11 @@ def test_skipped_only_is_not_run_never_kept(repo: Repo, tmp_path: Path) -> None:
 
 def test_errored_run_with_unverified_invariants_is_broken(repo: Repo, tmp_path: Path) -> None:
     report(
-        tmp_path / "r" / "invariants-cpu.json", "cpu", {"beta.uses_alpha": {"passed": 1}}, status=2
+        repo,
+        tmp_path / "r" / "invariants-cpu.json",
+        "cpu",
+        {"beta.uses_alpha": {"passed": 1}},
+        status=2,
     )
     code, out = repo.gate_json("--no-api", "--reports", str(tmp_path / "r"))
     assert code == 1
@@ -146,8 +167,8 @@ def test_package_without_spec_and_its_claims_are_flagged(repo: Repo) -> None:
 
 
 def test_plugin_report_feeds_the_gate(repo: Repo, tmp_path: Path) -> None:
-    tests = tmp_path / "t" / "test_claims.py"
-    tests.parent.mkdir()
+    # The run tests the repository's own tree, so its report is not stale.
+    tests = repo.root / "packages" / "alpha" / "tests" / "test_claims.py"
     tests.write_text(
         "import pytest\n\n"
         '@pytest.mark.invariant("alpha.keeps_length")\ndef test_ok():\n    pass\n\n'
@@ -165,7 +186,7 @@ def test_plugin_report_feeds_the_gate(repo: Repo, tmp_path: Path) -> None:
             "-p",
             "no:cacheprovider",
             "--rootdir",
-            str(tests.parent),
+            str(repo.root),
             "--confcutdir",
             str(tests.parent),
             str(tests),
@@ -174,6 +195,7 @@ def test_plugin_report_feeds_the_gate(repo: Repo, tmp_path: Path) -> None:
         capture_output=True,
         text=True,
         check=False,
+        cwd=repo.root,
     )
     assert done.returncode == 1, done.stdout
     data = json.loads(out.read_text())
@@ -211,3 +233,36 @@ def test_a_stage_whose_package_is_not_there_yet_is_pending(repo: Repo) -> None:
     gamma = [o for o in out["outcomes"] if o["stage"] == "gamma"]
     assert [(o["check"], o["status"]) for o in gamma] == [("spec", "KEPT"), ("stage", "NOT RUN")]
     assert gamma[1]["summary"].startswith("pending: packages/gamma does not exist yet")
+
+
+def test_a_report_from_another_tree_is_stale(repo: Repo, tmp_path: Path) -> None:
+    report(repo, tmp_path / "r" / "invariants-cpu.json", "cpu", ALL_PASS)
+    repo.replace("packages/alpha/src/ngx/alpha_mod.py", "n = turns % len(x)", "n = 0")
+    code, out = repo.gate_json("--no-api", "--reports", str(tmp_path / "r"))
+    assert code == 0  # not required: NOT RUN, never KEPT
+    rows = {(o["stage"], o["check"]): o for o in out["outcomes"]}
+    assert rows[("alpha", "device:cpu")]["status"] == "NOT RUN"
+    assert "produced from another tree" in rows[("alpha", "device:cpu")]["summary"]
+    code, out = repo.gate_json(
+        "--no-api", "--reports", str(tmp_path / "r"), "--require-device", "cpu"
+    )
+    assert code == 1
+    assert {v["rule"] for v in out["violations"]} == {"device.stale"}
+
+
+def test_a_narrowed_or_old_report_proves_nothing(repo: Repo, tmp_path: Path) -> None:
+    report(repo, tmp_path / "r" / "invariants-cpu.json", "cpu", ALL_PASS, narrowed=("-k rope",))
+    code, out = repo.gate_json(
+        "--no-api", "--reports", str(tmp_path / "r"), "--require-device", "cpu"
+    )
+    assert code == 1
+    assert {v["rule"] for v in out["violations"]} == {"device.partial"}
+    assert "-k rope" in out["violations"][0]["message"]
+    old = tmp_path / "r" / "invariants-cpu.json"
+    data = json.loads(old.read_text())
+    del data["source"]
+    old.write_text(json.dumps(data))
+    code, out = repo.gate_json("--no-api", "--reports", str(tmp_path / "r"))
+    rows = {(o["stage"], o["check"]): o for o in out["outcomes"]}
+    assert rows[("alpha", "device:cpu")]["status"] == "NOT RUN"
+    assert "does not say what it was produced from" in rows[("alpha", "device:cpu")]["summary"]

@@ -8,6 +8,8 @@ fails); the nox session decides beforehand whether to skip instead.
 ``--invariant-report=PATH`` writes, after the run, one JSON object::
 
     {"device": "cpu", "exitstatus": 0,
+     "source": {"tree": "<sha256 of the stage sources and tests>",
+                "selection": {"args": ["packages"], "narrowed_by": []}},
      "invariants": {"rope.norm_preserved":
         {"passed": 3, "failed": 0, "skipped": 0, "tests": ["packages/...::test_x"],
          "failed_tests": []}},
@@ -15,6 +17,9 @@ fails); the nox session decides beforehand whether to skip instead.
                                          "reason": ""}},
      "collected": ["packages/...::test_x", ...]}
 
+``source`` says what the run tested (``niels_gpt_contracts.fingerprint``) and
+how the test selection was narrowed (``-k``, ``-m``, ``--deselect``, node ids,
+``-x``...); the gate refuses a report from another tree or a narrowed one.
 ``tests`` has one outcome per test (``failed`` when any phase failed,
 ``skipped`` for a skip or an expected failure, else ``passed``); ``collected``
 lists the collected test ids (filled when collection runs in this process,
@@ -27,11 +32,14 @@ a user property and the controller writes the file.
 from __future__ import annotations
 
 import json
+import os
 from collections import defaultdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+
+from niels_gpt_contracts import fingerprint
 
 if TYPE_CHECKING:
     import torch
@@ -88,7 +96,30 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(f"--device {name}: {name} is not available on this machine")
     path = config.getoption("--invariant-report")
     if path and not hasattr(config, "workerinput"):
-        config.pluginmanager.register(InvariantReport(Path(path), name), "niels_gpt_invariants")
+        source: dict[str, object] = {
+            "tree": fingerprint.tree(config.rootpath),
+            "selection": selection(config),
+        }
+        report = InvariantReport(Path(path), name, source)
+        config.pluginmanager.register(report, "niels_gpt_invariants")
+
+
+def selection(config: pytest.Config) -> dict[str, object]:
+    """The paths a run was given, and every option that narrowed it to fewer tests."""
+    narrowed: list[str] = []
+    for option, flag in (("keyword", "-k"), ("markexpr", "-m")):
+        value = getattr(config.option, option, "")
+        if value:
+            narrowed.append(f"{flag} {value}")
+    for option, flag in (("deselect", "--deselect"), ("invariant_prefix", "--invariant-prefix")):
+        values = getattr(config.option, option, None) or []
+        narrowed += [f"{flag} {v}" for v in values]
+    for option, flag in (("lf", "--last-failed"), ("exitfirst", "-x"), ("collectonly", "--co")):
+        if getattr(config.option, option, False):
+            narrowed.append(flag)
+    narrowed += [f"only {a}" for a in config.args if "::" in a]
+    args = [os.path.relpath(a, config.rootpath) if os.path.isabs(a) else a for a in config.args]
+    return {"args": args, "narrowed_by": narrowed}
 
 
 def claimed_invariants(item: pytest.Item) -> list[str]:
@@ -139,9 +170,10 @@ def _reason(report: pytest.TestReport) -> str:
 class InvariantReport:
     """Collects outcomes per claimed invariant and per test on the controller; writes them."""
 
-    def __init__(self, path: Path, device: str) -> None:
+    def __init__(self, path: Path, device: str, source: dict[str, object]) -> None:
         self.path = path
         self.device = device
+        self.source = source
         self.counts: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(_OUTCOMES, 0))
         self.tests: dict[str, set[str]] = defaultdict(set)
         self.failed_tests: dict[str, set[str]] = defaultdict(set)
@@ -183,6 +215,7 @@ class InvariantReport:
         payload = {
             "device": self.device,
             "exitstatus": int(session.exitstatus),
+            "source": self.source,
             "invariants": {
                 inv: {
                     **self.counts[inv],

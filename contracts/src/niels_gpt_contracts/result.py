@@ -64,6 +64,8 @@ RULES: dict[str, str] = {
     "device.failed": "A test claiming the invariant failed on the device.",
     "device.incomplete": "The device run ended in error before the invariant was verified.",
     "device.not-run": "The invariant was not verified on a device the run requires.",
+    "device.stale": "The device report was produced from another tree than the one judged.",
+    "device.partial": "The device report covers a narrowed test selection (-k, -m, node ids, -x).",
 }
 
 

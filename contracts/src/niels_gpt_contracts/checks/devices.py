@@ -4,6 +4,12 @@ A report is ``reports/invariants-<device>.json`` (see the pytest plugin). A
 device without a report, or whose tests for an invariant were all skipped,
 did not verify that invariant: its row is NOT RUN, never KEPT, and it is
 BROKEN when the run requires that device (``--require-device``).
+
+A report also says what it was produced from (``fingerprint``): the tree of
+stage sources and tests it ran on, and whether its test selection was
+narrowed (``-k``, ``-m``, node ids, ``-x``...). A report from another tree
+(``device.stale``) or a narrowed one (``device.partial``) proves nothing
+about the tree being judged: NOT RUN, or BROKEN when the device is required.
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ class DeviceReport:
     path: str
     exitstatus: int
     invariants: dict[str, dict[str, Any]] = field(default_factory=dict)
+    tree: str | None = None  # None: produced by the verdict itself, nothing to compare
+    narrowed_by: tuple[str, ...] = ()
 
 
 def load_report(path: Path, device: str | None = None) -> DeviceReport:
@@ -59,7 +67,22 @@ def load_report(path: Path, device: str | None = None) -> DeviceReport:
         )
         if not ok:
             raise ConfigError(f"{path}: expected counts for invariant {inv!r}, found {counts!r}")
-    return DeviceReport(found, str(path), status, data["invariants"])
+    tree, narrowed = _source(path, data.get("source"))
+    return DeviceReport(found, str(path), status, data["invariants"], tree, narrowed)
+
+
+def _source(path: Path, source: Any) -> tuple[str, tuple[str, ...]]:
+    """The tree hash and the narrowing options a report records."""
+    if source is None:
+        return "", ("an old report that does not say what it was produced from",)
+    selection = source.get("selection") if isinstance(source, dict) else None
+    narrowed = selection.get("narrowed_by") if isinstance(selection, dict) else None
+    tree = source.get("tree") if isinstance(source, dict) else None
+    if not isinstance(tree, str) or not isinstance(narrowed, list):
+        raise ConfigError(
+            f"{path}: expected 'source' with a 'tree' hash and a 'selection', found {source!r}"
+        )
+    return tree, tuple(map(str, narrowed))
 
 
 def load_reports(directory: Path | None, files: list[Path]) -> dict[str, DeviceReport | None]:
@@ -81,20 +104,39 @@ def _test_path(nodeid: str) -> str:
     return nodeid.split("::", 1)[0]
 
 
-def device_outcome(spec: Spec, device: str, report: DeviceReport | None, required: bool) -> Outcome:
+def _unusable(report: DeviceReport, tree: str | None) -> tuple[str, str] | None:
+    """``(rule, why)`` when the report cannot speak for the tree under judgement."""
+    if report.narrowed_by:
+        return "device.partial", (
+            f"the {report.device} report ({report.path}) covers a narrowed selection "
+            f"({'; '.join(report.narrowed_by)}): rerun the whole test-{report.device} session"
+        )
+    if tree is not None and report.tree is not None and report.tree != tree:
+        return "device.stale", (
+            f"the {report.device} report ({report.path}) was produced from another tree "
+            f"({report.tree[:12] or 'unknown'}, the tree judged is {tree[:12]}): "
+            f"rerun test-{report.device}"
+        )
+    return None
+
+
+def device_outcome(
+    spec: Spec,
+    device: str,
+    report: DeviceReport | None,
+    required: bool,
+    tree: str | None = None,
+) -> Outcome:
+    """The invariant x device row of ``spec``; ``tree``: the fingerprint being judged."""
     check = f"device:{device}"
     ids = [f"{spec.id}.{inv.id}" for inv in spec.invariants]
     lines = {f"{spec.id}.{inv.id}": inv.line for inv in spec.invariants}
-    if report is None:
-        why = f"no report for {device} (tests not run there)"
+    unusable = _unusable(report, tree) if report is not None else None
+    if report is None or unusable is not None:
+        rule, why = unusable or ("device.not-run", f"no report for {device} (tests not run there)")
         if required:
             v = Violation(
-                "device.not-run",
-                spec.path,
-                None,
-                f"{why}, but the run requires {device}",
-                spec.id,
-                check,
+                rule, spec.path, None, f"{why}, but the run requires {device}", spec.id, check
             )
             return Outcome(spec.id, check, BROKEN, why, [v])
         return Outcome(spec.id, check, NOT_RUN, why)

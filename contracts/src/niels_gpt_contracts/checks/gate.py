@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from niels_gpt_contracts import fingerprint
 from niels_gpt_contracts.checks import (
     api,
     autoload,
@@ -88,12 +89,12 @@ def _device_rows(
     spec: Spec,
     reports: Mapping[str, devices.DeviceReport | None],
     required: tuple[str, ...],
+    tree: str | None,
 ) -> None:
     for device in devices.DEVICES:
         if device in reports or device in required:
-            result.outcomes.append(
-                devices.device_outcome(spec, device, reports.get(device), device in required)
-            )
+            report, needed = reports.get(device), device in required
+            result.outcomes.append(devices.device_outcome(spec, device, report, needed, tree))
 
 
 def _check_devices(required: tuple[str, ...]) -> None:
@@ -113,6 +114,7 @@ def run_tree(request: Request) -> Result:
         [pick(specs, request.stage, "the working tree")] if request.stage else list(specs.values())
     )
     reports = devices.load_reports(request.reports_dir, request.report_files)
+    current = fingerprint.tree(repo.root) if reports else None
     result = Result(
         mode="tree", stages=[s.id for s in chosen], required_devices=request.require_devices
     )
@@ -130,7 +132,7 @@ def run_tree(request: Request) -> Result:
             result.outcomes.append(Outcome(spec.id, "stage", NOT_RUN, why))
             continue
         stage_checks(result, spec, specs, tree, claims, api_found, None)
-        _device_rows(result, spec, reports, request.require_devices)
+        _device_rows(result, spec, reports, request.require_devices, current)
     if not request.stage:
         unowned = invariants.check_unowned(specs, claims, tree.files())
         result.outcomes.append(
@@ -150,7 +152,8 @@ def run_pr(request: Request) -> Result:
     api_found = api.check_api([ctx.spec], ctx.head_tree) if request.api else None
     claims = invariants.scan_claims(ctx.head_tree)
     stage_checks(result, ctx.spec, ctx.specs, ctx.head_tree, claims, api_found, ctx.changed_lines)
-    _device_rows(result, ctx.spec, reports, request.require_devices)
+    current = fingerprint.tree(ctx.repo.root) if reports else None
+    _device_rows(result, ctx.spec, reports, request.require_devices, current)
     return result
 
 
