@@ -19,7 +19,7 @@ from pathlib import Path
 from niels_gpt_contracts.checks import api, devices, invariants, paths, static
 from niels_gpt_contracts.errors import ConfigError
 from niels_gpt_contracts.gitdiff import GitRepo, RevisionTree, Tree, WorkingTree
-from niels_gpt_contracts.result import BROKEN, KEPT, Outcome, Result, Violation
+from niels_gpt_contracts.result import BROKEN, KEPT, Outcome, Result, SpecRule, Violation
 from niels_gpt_contracts.spec import (
     SCHEMA_PATH,
     SPECS_DIR,
@@ -253,9 +253,9 @@ class _LazyLines(Mapping[str, set[int]]):
 def _add_rule_texts(result: Result, specs: list[Spec]) -> None:
     for spec in specs:
         for rule in spec.rules:
-            result.rule_texts[rule.rule_id] = rule.message
-        for scope in spec.line_scoped:
-            result.rule_texts.setdefault("path.line-scope", scope.description)
+            result.add_spec_rule(
+                SpecRule(spec.id, rule.rule_id, rule.kind, rule.message, spec.path, rule.line)
+            )
 
 
 def run(request: Request) -> Result:
