@@ -25,7 +25,7 @@ from niels_gpt_contracts.checks.gate import Request, run
 from niels_gpt_contracts.errors import ConfigError, SpecErrors
 from niels_gpt_contracts.mutants import report as mutants_report
 from niels_gpt_contracts.mutants import runner as mutants_runner
-from niels_gpt_contracts.reporters import FORMATS, renderer
+from niels_gpt_contracts.reporters import FORMATS, renderer, stderr_guard
 
 EXIT_KEPT, EXIT_BROKEN, EXIT_ERROR = 0, 1, 2
 
@@ -204,6 +204,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if reconfigure is not None:
             reconfigure(errors="backslashreplace")
     args = build_parser().parse_args(argv)
+    with stderr_guard(args.format):
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.command == "mutants":
         return _main_mutants(args)
     render, render_error = renderer(args.format)
