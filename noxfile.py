@@ -45,6 +45,7 @@ DEV_TOOLS = (
     "ruff",
     "import-linter",
     "matplotlib",
+    "xmlschema",
 )
 DEV_ENV = ROOT / ".nox" / "_shared-dev"
 REPORTS = ROOT / "reports"
