@@ -46,6 +46,7 @@ DEV_TOOLS = (
     "import-linter",
     "matplotlib",
     "xmlschema",
+    "pre-commit",
 )
 DEV_ENV = ROOT / ".nox" / "_shared-dev"
 REPORTS = ROOT / "reports"
@@ -210,6 +211,28 @@ def test_contracts(session: nox.Session) -> None:
         "contracts/tests",
         "--confcutdir=contracts",
         "--numprocesses=auto",
+        "-m",
+        "not hooks",
+        *session.posargs,
+    )
+
+
+@nox.session(name="test-hooks", venv_backend="none")
+def test_hooks(session: nox.Session) -> None:
+    """The pre-commit hooks through pre-commit itself (``hooks`` marker).
+
+    Kept out of ``test-contracts``: pre-commit builds each hook environment
+    from the package index (tens of seconds, and the network), while
+    ``test-contracts`` stays fast and offline.
+    """
+    run_dev(
+        session,
+        "pytest",
+        "contracts/tests",
+        "--confcutdir=contracts",
+        "--numprocesses=auto",
+        "-m",
+        "hooks",
         *session.posargs,
     )
 

@@ -17,6 +17,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gatekit import Repo, make_repo
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "hooks: runs pre-commit end to end (installs from the package index; nox -s test-hooks)",
+    )
+
+
 @pytest.fixture(scope="session")
 def template_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_repo(tmp_path_factory.mktemp("template") / "repo").root
