@@ -47,6 +47,7 @@ DEV_TOOLS = (
     "matplotlib",
     "xmlschema",
     "pre-commit",
+    "check-jsonschema",
 )
 DEV_ENV = ROOT / ".nox" / "_shared-dev"
 REPORTS = ROOT / "reports"
@@ -186,10 +187,13 @@ def test_cuda(session: nox.Session) -> None:
 
 @nox.session(venv_backend="none")
 def lint(session: nox.Session) -> None:
-    """ruff check, ruff format --check, and the checker's import layers."""
+    """ruff check, ruff format --check, the checker's import layers, and the
+    GitHub workflows against GitHub's workflow schema (vendored by check-jsonschema)."""
     run_dev(session, "ruff", "check", ".", *session.posargs)
     run_dev(session, "ruff", "format", "--check", ".")
     run_dev(session, "lint-imports", "--config", str(ROOT / "pyproject.toml"))
+    workflows = sorted(str(p) for p in (ROOT / ".github" / "workflows").glob("*.y*ml"))
+    run_dev(session, "check-jsonschema", "--builtin-schema", "vendor.github-workflows", *workflows)
 
 
 @nox.session(venv_backend="none")
