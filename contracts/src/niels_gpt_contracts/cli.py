@@ -237,7 +237,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if reconfigure is not None:
             reconfigure(errors="backslashreplace")
     args = build_parser().parse_args(argv)
-    with stderr_guard(args.format):
+    with stderr_guard(getattr(args, "format", "text")):
         return _run(args)
 
 
