@@ -30,12 +30,13 @@ REPORT_SCHEMA = SCHEMA.with_name("report.schema.json")
 
 ALPHA_SPEC = """\
 #:schema ./spec.schema.json
-schema_version = 1
+schema_version = 2
 id = "alpha"
 title = "Alpha stage"
 package = "packages/alpha"
 distribution = "ngx-alpha"
 depends_on = []
+modules = ["ngx/alpha_mod.py"]
 
 [paths]
 may_change = ["packages/alpha/**"]
@@ -85,12 +86,13 @@ text = "Rotating twice by one turn equals rotating once by two."
 
 BETA_SPEC = """\
 #:schema ./spec.schema.json
-schema_version = 1
+schema_version = 2
 id = "beta"
 title = "Beta stage"
 package = "packages/beta"
 distribution = "ngx-beta"
 depends_on = ["alpha"]
+modules = ["ngx/beta_mod.py"]
 
 [paths]
 may_change = ["packages/beta/**"]

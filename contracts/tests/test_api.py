@@ -18,6 +18,8 @@ def test_tree_api_matches(repo: Repo) -> None:
     assert {o["check"] for o in out["outcomes"]} == {
         "spec",
         "api",
+        "modules",
+        "source",
         "static",
         "invariants",
         "stages",
@@ -79,8 +81,79 @@ def test_unimportable_module_is_a_violation_not_a_pass(repo: Repo) -> None:
 def test_pr_gate_inspects_the_head_revision_not_the_working_tree(repo: Repo) -> None:
     repo.replace(ALPHA_MOD, "turns: int = 1,", "turns: int = 2,")
     repo.commit()
-    repo.replace(ALPHA_MOD, "turns: int = 2,", "turns: int = 1,")  # uncommitted fix
+    # An uncommitted fix that keeps a docstring change, so the working tree differs from main.
+    repo.replace(ALPHA_MOD, "turns: int = 2,", "turns: int = 1,")
+    repo.replace(ALPHA_MOD, "    _check(x)\n", '    """Rotate."""\n    _check(x)\n')
     code, _ = repo.gate_json(*PR)
     assert code == 1
     code, out = repo.gate_json("--stage", "alpha", "--base", "main")  # working tree
     assert code == 0, out["violations"]
+
+
+def test_assigned_signature_is_caught_from_the_source(repo: Repo) -> None:
+    repo.replace(
+        ALPHA_MOD,
+        "def rotate(x: list[float], *, turns: int = 1, label: str | None = None) -> list[float]:",
+        "def rotate(\n    x: list[float], *, turns: int = 1, label: str | None = None,"
+        " cheat: bool = False\n) -> list[float]:",
+    )
+    repo.write(
+        ALPHA_MOD,
+        repo.read(ALPHA_MOD).replace("\n\n__all__", "\n\nimport inspect\n\n__all__")
+        + "\n\ndef _spec(x: list[float], *, turns: int = 1, label: str | None = None)"
+        + " -> list[float]: ...\n\n\nrotate.__signature__ = inspect.signature(_spec)\n",
+    )
+    code, out = repo.gate_json()
+    assert code == 1
+    (v,) = [v for v in api_violations(out) if v["rule"] == "api.source"]
+    assert "cheat" in v["message"]
+    assert v["path"] == ALPHA_MOD
+    assert not [v for v in api_violations(out) if v["rule"] == "api.signature"]
+
+
+def test_a_decorator_hiding_a_parameter_is_caught(repo: Repo) -> None:
+    repo.write(
+        ALPHA_MOD,
+        repo.read(ALPHA_MOD)
+        .replace("def rotate(", "def _real_rotate(")
+        .replace(
+            "label: str | None = None) -> list[float]:",
+            "label: str | None = None, x2: int = 0) -> list[float]:",
+        )
+        .replace(
+            "    def run(self, x: float, *, fast: bool = False) -> float:",
+            "    def _run(self, x: float, *, fast: bool = False, extra: int = 0) -> float:",
+        )
+        + "\n\nimport functools\n\n\n"
+        + "def _spec(x: list[float], *, turns: int = 1, label: str | None = None)"
+        + " -> list[float]: ...\n\n\nrotate = functools.wraps(_spec)(_real_rotate)\n\n\n"
+        + "def _run_spec(self, x: float, *, fast: bool = False) -> float: ...\n\n\n"
+        + "Thing.run = functools.wraps(_run_spec)(Thing._run)\n",
+    )
+    code, out = repo.gate_json()
+    assert code == 1
+    found = api_violations(out)
+    assert [v["rule"] for v in found] == ["api.source", "api.source"]
+    assert "x2: int = 0" in found[0]["message"]
+    assert "run: " in found[1]["message"]
+    assert "extra: int = 0" in found[1]["message"]
+
+
+def test_a_dataclass_init_is_read_from_its_fields(repo: Repo) -> None:
+    repo.write(
+        ALPHA_MOD,
+        repo.read(ALPHA_MOD)
+        .replace(
+            "class Thing:\n    def __init__(self, size: int) -> None:\n        self.size = size\n",
+            "@dataclasses.dataclass\nclass Thing:\n    size: int\n",
+        )
+        .replace(
+            "from __future__ import annotations\n",
+            "from __future__ import annotations\n\nimport dataclasses\n",
+        ),
+    )
+    code, out = repo.gate_json()
+    assert code == 0, out["violations"]
+    repo.write(ALPHA_MOD, repo.read(ALPHA_MOD) + "\nThing.__init__.__signature__ = None\n")
+    code, out = repo.gate_json()
+    assert code == 1

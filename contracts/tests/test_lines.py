@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from gatekit import Repo, rules
 
 GATE = ("--stage", "beta", "--base", "main", "--head", "HEAD", "--no-api")
@@ -69,4 +70,54 @@ def test_symlinked_scoped_file_fails(repo: Repo) -> None:
     repo.commit()
     code, out = repo.gate_json(*GATE)
     assert code == 1
-    assert rules(out) == {("path.line-scope", "scripts/train.py")}
+    assert rules(out) == {
+        ("path.line-scope", "scripts/train.py"),
+        ("path.symlink", "scripts/train.py"),
+    }
+
+
+def test_added_v_may_be_a_module_level_int_constant(repo: Repo) -> None:
+    repo.git("checkout", "-q", "main")
+    repo.replace(TEST, "import pytest\n", "import pytest\n\nVOCAB = 256\n")
+    repo.commit("a constant on main")
+    repo.git("checkout", "-q", "pr")
+    repo.git("merge", "-q", "main")
+    repo.replace(TEST, "ModelConfig(T=8)", "ModelConfig(V=VOCAB, T=8)")
+    repo.commit()
+    code, out = repo.gate_json(*GATE)
+    assert code == 0, out["violations"]
+
+
+def test_added_v_naming_a_rebound_constant_fails(repo: Repo) -> None:
+    repo.git("checkout", "-q", "main")
+    repo.replace(TEST, "import pytest\n", "import pytest\n\nVOCAB = 256\nVOCAB = 512\n")
+    repo.commit("a constant bound twice on main")
+    repo.git("checkout", "-q", "pr")
+    repo.git("merge", "-q", "main")
+    repo.replace(TEST, "ModelConfig(T=8)", "ModelConfig(V=VOCAB, T=8)")
+    repo.commit()
+    code, out = repo.gate_json(*GATE)
+    assert code == 1
+    assert "must be an int literal" in out["violations"][0]["message"]
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        '(__import__("pathlib").Path("x").write_text("y") and 256)',
+        "len([1] * 256)",
+        "True",
+        "256.0",
+        "-256",
+        "VOCAB",
+    ],
+)
+def test_added_v_that_is_not_an_int_literal_fails(repo: Repo, value: str) -> None:
+    repo.replace("scripts/train.py", "ModelConfig()", f"ModelConfig(V={value})")
+    repo.commit()
+    code, out = repo.gate_json(*GATE)
+    assert code == 1
+    assert [(v["rule"], v["path"]) for v in out["violations"]] == [
+        ("path.line-scope", "scripts/train.py")
+    ]
+    assert "must be an int literal" in out["violations"][0]["message"]

@@ -58,12 +58,13 @@ def test_claims_nothing_so_the_gate_never_runs_it():
 """
 
 SPEC = """\
-schema_version = 1
+schema_version = 2
 id = "tiny"
 title = "Tiny stage"
 package = "packages/tiny"
 distribution = "ngt-tiny"
 depends_on = []
+modules = ["ngt/tinymod.py"]
 api = []
 rules = []
 

@@ -57,3 +57,20 @@ def test_spec_rules_are_described_stage_by_stage() -> None:
     assert result.rule_doc("path.meta", "a") == RULES["path.meta"]
     unknown = result.rule_doc("static.dependencies", "c")
     assert "no registered description" in unknown.full
+
+
+def test_a_rule_judged_under_a_dependant_stage_keeps_its_owners_text() -> None:
+    """Runtime rules of the stages a PR's stage depends on are reported under
+    the PR's stage, at the owner's spec."""
+    result = Result(mode="pr", stages=["top"])
+    for stage in ("low", "mid"):
+        result.add_spec_rule(
+            SpecRule(
+                stage, "runtime.no-x", "forbidden_ops", f"{stage}: no x", f"specs/{stage}.toml"
+            )
+        )
+    assert result.rule_doc("runtime.no-x", "top", "specs/mid.toml").short == "mid: no x"
+    assert result.spec_rule("runtime.no-x", "top", "specs/other.toml") is None
+    result.spec_rules.pop(("low", "runtime.no-x"))
+    assert result.rule_doc("runtime.no-x", "top", None).short == "mid: no x"
+    assert result.spec_rule("path.meta", "top") is None

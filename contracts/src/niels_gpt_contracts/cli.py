@@ -6,6 +6,7 @@
     contracts check --base REV                        ... stage from 'Stage:' trailers
     contracts check --pre-push                        ... the refs pre-commit pushes
     contracts mutants [--stage S]                     the catalogued bugs must be killed
+    contracts pr --base REV [--head REV]              the whole trusted PR verdict
 
 Exit status: 0 every check KEPT; 1 something BROKEN; 2 a usage or
 configuration error (unknown stage, unreadable or malformed spec, base not
@@ -18,7 +19,7 @@ import argparse
 import os
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
 
@@ -28,6 +29,8 @@ from niels_gpt_contracts.errors import ConfigError, SpecErrors
 from niels_gpt_contracts.mutants import report as mutants_report
 from niels_gpt_contracts.mutants import runner as mutants_runner
 from niels_gpt_contracts.reporters import FORMATS, renderer, stderr_guard
+from niels_gpt_contracts.result import Result
+from niels_gpt_contracts.verdict import pr as pr_verdict
 
 EXIT_KEPT, EXIT_BROKEN, EXIT_ERROR = 0, 1, 2
 # What pre-commit's pre-push stage sets: the remote's old tip (or the parent of
@@ -114,7 +117,57 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-api", action="store_true", help="skip the import-based API check (no torch needed)"
     )
     _add_mutants_parser(sub)
+    _add_pr_parser(sub)
     return parser
+
+
+def _add_pr_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
+    pr = sub.add_parser(
+        "pr",
+        help="the whole verdict on a stage PR: static checks, the base's tests over the "
+        "PR's code, runtime rules, mutants",
+        description="Judge a stage PR from this (trusted) checker: specs from the base, the "
+        "PR's code run only in a sandboxed interpreter, the base's and the maintainers' "
+        "tests deciding. Exit 0 KEPT, 1 BROKEN, 2 the verdict could not be given.",
+    )
+    pr.add_argument("--base", metavar="REV", required=True, help="the PR's base revision")
+    pr.add_argument("--head", metavar="REV", help="the PR's head (default: the working tree)")
+    pr.add_argument("--stage", help="stage id (default: the commits' 'Stage:' trailer)")
+    pr.add_argument(
+        "--python",
+        metavar="PY",
+        help="interpreter to run the PR's code with (it needs torch, pytest, hypothesis, "
+        "pytest-xdist); default: a venv built from the base's constraints.txt in --cache-dir",
+    )
+    pr.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=Path(".contracts-cache"),
+        metavar="DIR",
+        help="built environments and proven mutant kills (default: .contracts-cache)",
+    )
+    pr.add_argument(
+        "--device",
+        type=_devices,
+        default=("cpu",),
+        metavar="D[,D]",
+        help="devices to run the tests on (default: cpu)",
+    )
+    pr.add_argument(
+        "--require-device",
+        type=_devices,
+        default=(),
+        metavar="D[,D]",
+        help="devices that must verify every invariant (NOT RUN fails)",
+    )
+    pr.add_argument(
+        "--jobs", type=int, default=0, metavar="N", help="parallel test workers (default: CPUs)"
+    )
+    pr.add_argument(
+        "--timeout", type=float, default=1800.0, metavar="S", help="time limit of one test run"
+    )
+    pr.add_argument("--format", choices=sorted(FORMATS), default="text")
+    _add_output_and_repo(pr)
 
 
 def _add_mutants_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
@@ -222,6 +275,54 @@ def _main_mutants(args: argparse.Namespace) -> int:
     return EXIT_KEPT if result.ok else EXIT_BROKEN
 
 
+def _main_pr(args: argparse.Namespace) -> int:
+    render, render_error = renderer(args.format)
+    request = pr_verdict.PrRequest(
+        repo=args.repo,
+        base=args.base,
+        head=args.head,
+        stage=args.stage,
+        python=args.python,
+        cache=args.cache_dir.resolve(),
+        devices=tuple(dict.fromkeys((*args.device, *args.require_device))),
+        require_devices=args.require_device,
+        jobs=args.jobs,
+        timeout=args.timeout,
+    )
+    return _judged(lambda: pr_verdict.run(request, _progress), render, render_error, args)
+
+
+def _judged(
+    judge: Callable[[], Result],
+    render: Callable[[Result], str],
+    render_error: Callable[[str], str],
+    args: argparse.Namespace,
+) -> int:
+    """Run a judgement; exit 0/1 on a verdict, 2 (and no verdict) on any error."""
+    try:
+        result = judge()
+    except SpecErrors as err:
+        for one in err.errors:
+            sys.stderr.write(f"contracts: error: {one}\n")
+        if args.format != "text":
+            _emit(render_error(str(err)), args.output)
+        return EXIT_ERROR
+    except ConfigError as err:
+        sys.stderr.write(f"contracts: error: {err}\n")
+        if args.format != "text":
+            _emit(render_error(str(err)), args.output)
+        return EXIT_ERROR
+    except Exception as err:  # a bug in the checker must never look like a verdict
+        traceback.print_exc()
+        message = f"internal error ({type(err).__name__}: {err}); this is a bug in contracts"
+        sys.stderr.write(f"contracts: error: {message}\n")
+        if args.format != "text":
+            _emit(render_error(message), args.output)
+        return EXIT_ERROR
+    _emit(render(result), args.output)
+    return EXIT_KEPT if result.ok else EXIT_BROKEN
+
+
 def _emit(text: str, output: Path | None) -> None:
     if output is None:
         sys.stdout.write(text)
@@ -244,47 +345,26 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _run(args: argparse.Namespace) -> int:
     if args.command == "mutants":
         return _main_mutants(args)
+    if args.command == "pr":
+        return _main_pr(args)
     render, render_error = renderer(args.format)
-    if args.pre_push:
-        try:
+
+    def judge() -> Result:
+        if args.pre_push:
             args.base, args.head = _pre_push_refs(args.base, args.head)
-        except ConfigError as err:
-            sys.stderr.write(f"contracts: error: {err}\n")
-            if args.format != "text":
-                _emit(render_error(str(err)), args.output)
-            return EXIT_ERROR
-    request = Request(
-        repo=args.repo,
-        stage=args.stage,
-        base=args.base,
-        head=args.head,
-        reports_dir=args.reports,
-        report_files=list(args.report),
-        require_devices=args.require_device,
-        api=not args.no_api,
-    )
-    try:
-        result = run(request)
-    except SpecErrors as err:
-        for one in err.errors:
-            sys.stderr.write(f"contracts: error: {one}\n")
-        if args.format != "text":
-            _emit(render_error(str(err)), args.output)
-        return EXIT_ERROR
-    except ConfigError as err:
-        sys.stderr.write(f"contracts: error: {err}\n")
-        if args.format != "text":
-            _emit(render_error(str(err)), args.output)
-        return EXIT_ERROR
-    except Exception as err:  # a bug in the checker must never look like a verdict
-        traceback.print_exc()
-        message = f"internal error ({type(err).__name__}: {err}); this is a bug in contracts"
-        sys.stderr.write(f"contracts: error: {message}\n")
-        if args.format != "text":
-            _emit(render_error(message), args.output)
-        return EXIT_ERROR
-    _emit(render(result), args.output)
-    return EXIT_KEPT if result.ok else EXIT_BROKEN
+        request = Request(
+            repo=args.repo,
+            stage=args.stage,
+            base=args.base,
+            head=args.head,
+            reports_dir=args.reports,
+            report_files=list(args.report),
+            require_devices=args.require_device,
+            api=not args.no_api,
+        )
+        return run(request)
+
+    return _judged(judge, render, render_error, args)
 
 
 if __name__ == "__main__":

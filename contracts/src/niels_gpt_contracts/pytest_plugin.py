@@ -7,9 +7,18 @@ fails); the nox session decides beforehand whether to skip instead.
 
 ``--invariant-report=PATH`` writes, after the run, one JSON object::
 
-    {"device": "cpu", "invariants": {"rope.norm_preserved":
+    {"device": "cpu", "exitstatus": 0,
+     "invariants": {"rope.norm_preserved":
         {"passed": 3, "failed": 0, "skipped": 0, "tests": ["packages/...::test_x"],
-         "failed_tests": []}}}
+         "failed_tests": []}},
+     "tests": {"packages/...::test_x": {"outcome": "passed", "invariants": [...],
+                                         "reason": ""}},
+     "collected": ["packages/...::test_x", ...]}
+
+``tests`` has one outcome per test (``failed`` when any phase failed,
+``skipped`` for a skip or an expected failure, else ``passed``); ``collected``
+lists the collected test ids (filled when collection runs in this process,
+that is without xdist workers).
 
 It works under pytest-xdist: workers attach the claimed ids to each report as
 a user property and the controller writes the file.
@@ -116,8 +125,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = keep
 
 
+def _reason(report: pytest.TestReport) -> str:
+    """A skip's reason, ``xfail: ...`` for an expected failure, else the crash line."""
+    if hasattr(report, "wasxfail"):
+        return f"xfail: {report.wasxfail}"
+    longrepr = report.longrepr
+    if isinstance(longrepr, tuple) and len(longrepr) == 3:
+        return str(longrepr[2])
+    crash = getattr(longrepr, "reprcrash", None)
+    return str(getattr(crash, "message", "") or "")[:500]
+
+
 class InvariantReport:
-    """Collects outcomes per claimed invariant on the controller and writes them."""
+    """Collects outcomes per claimed invariant and per test on the controller; writes them."""
 
     def __init__(self, path: Path, device: str) -> None:
         self.path = path
@@ -125,17 +145,35 @@ class InvariantReport:
         self.counts: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(_OUTCOMES, 0))
         self.tests: dict[str, set[str]] = defaultdict(set)
         self.failed_tests: dict[str, set[str]] = defaultdict(set)
+        self.outcomes: dict[str, dict[str, object]] = {}
+        self.collected: list[str] = []
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        self.collected = [item.nodeid for item in session.items]
+
+    def _record_test(self, report: pytest.TestReport, ids: list[str]) -> None:
+        outcome = "skipped" if hasattr(report, "wasxfail") else report.outcome
+        entry = self.outcomes.setdefault(
+            report.nodeid, {"outcome": "passed", "invariants": ids, "reason": ""}
+        )
+        if entry["outcome"] == "failed":
+            return  # a failure in any phase stands
+        if outcome == "failed" or (outcome == "skipped" and entry["outcome"] == "passed"):
+            entry["outcome"], entry["reason"] = outcome, _reason(report)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         ids = next((v for k, v in report.user_properties if k == _PROPERTY), None)
-        if not isinstance(ids, list) or not ids:
+        claimed = [str(i) for i in ids] if isinstance(ids, list) else []
+        if report.when == "call" or report.outcome != "passed":
+            self._record_test(report, claimed)
+        if not claimed:
             return
         outcome = report.outcome
         # One outcome per test: a failure in any phase, the call phase otherwise,
         # and a skip raised in setup.
         if not (outcome == "failed" or report.when == "call" or outcome == "skipped"):
             return
-        for inv in map(str, ids):
+        for inv in claimed:
             self.counts[inv][outcome] += 1
             self.tests[inv].add(report.nodeid)
             if outcome == "failed":
@@ -153,6 +191,8 @@ class InvariantReport:
                 }
                 for inv in sorted(self.counts)
             },
+            "tests": dict(sorted(self.outcomes.items())),
+            "collected": self.collected,
         }
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.path.write_text(json.dumps(payload, indent=2) + "\n")

@@ -73,6 +73,55 @@ RULES: dict[str, RuleDoc] = {
         "Undo the edits the permission does not cover (the message names the permission "
         "and what it allows); keep the file's path and type.",
     ),
+    "path.autoload": RuleDoc(
+        "A stage PR adds or changes code that loads without an import.",
+        "Python and pytest run some files by their name or place alone: conftest.py, "
+        "sitecustomize.py, usercustomize.py, *.pth, pytest and tox ini sections, entry "
+        "points, build hooks. A stage PR must not bring any, or its code would run inside "
+        "the checker's own test runs.",
+        "Remove the file or table; put the code in a module that is imported explicitly.",
+    ),
+    "path.symlink": RuleDoc(
+        "A stage PR adds or changes a symbolic link.",
+        "A link can make one path read another file than the one judged, so stages ship "
+        "regular files only.",
+        "Replace the link by a regular file.",
+    ),
+    "module.unlisted": RuleDoc(
+        "A file under the stage's src/ is not a module its spec lists.",
+        "A stage owns exactly the modules its spec lists; an unlisted file would ship "
+        "code nothing judges.",
+        "Remove the file, or list the module in the spec (a maintainer change).",
+    ),
+    "module.shadowed": RuleDoc(
+        "A stage file sits at the path of another stage's module.",
+        "Two distributions must never own the same file: one would overwrite or shadow "
+        "the other when both are installed.",
+        "Move the code into a module the stage owns.",
+    ),
+    "module.missing": RuleDoc(
+        "A module the stage's spec lists is absent.",
+        "Every module the spec lists must exist under the stage's src/.",
+        "Restore the module at the path the spec lists.",
+    ),
+    "module.undeclared-import": RuleDoc(
+        "A stage module imports a stage it does not depend on.",
+        "A stage may import only the stages in its depends_on (and their own dependencies), "
+        "so that installing one stage brings everything it needs and nothing more.",
+        "Drop the import, or declare the dependency in the spec (a maintainer change).",
+    ),
+    "source.import": RuleDoc(
+        "A stage module imports outside the allowed modules.",
+        "Stage code may import the stages' namespace, public torch and pure-computation "
+        "standard library modules only, so what it does can be read from its source.",
+        "Replace the import by one of the allowed modules.",
+    ),
+    "source.dynamic": RuleDoc(
+        "A stage module builds names or code at run time.",
+        "Code built at run time (eval, exec, getattr with computed names, interpreter "
+        "internals) hides what runs from every static check.",
+        "Write the code out so that it reads as what it does.",
+    ),
     "api.missing": RuleDoc(
         "A public object the spec lists cannot be imported.",
         "Each object in the stage spec's API must import from its listed module path, in "
@@ -117,6 +166,14 @@ RULES: dict[str, RuleDoc] = {
         "counts as broken.",
         "Fix the import or crash the message shows, so that the API can be inspected.",
     ),
+    "api.source": RuleDoc(
+        "The reported signature is not the code that runs.",
+        "The signature inspect reports must be that of the def that runs: an assigned "
+        "__signature__ or a decorator that hides the function, or running code that is "
+        "not in the tree, would let the API check pass on something else.",
+        "Remove the __signature__ assignment or the hiding wrapper; define the function "
+        "in the stage's module.",
+    ),
     "invariant.unclaimed": RuleDoc(
         "A spec invariant is claimed by no test.",
         "Every invariant a stage declares must be claimed by at least one test with "
@@ -141,6 +198,30 @@ RULES: dict[str, RuleDoc] = {
         "Every package under packages/ must be owned by a stage spec in specs/, or "
         "nothing would judge the PRs that change it.",
         "Add a specs/<stage>.toml whose package is this directory (a maintainer change).",
+    ),
+    "tests.failed": RuleDoc(
+        "A test fails on the PR's code.",
+        "The base's tests of the stage and of its dependants, the maintainers' acceptance "
+        "tests and the PR's own tests all run over the PR's code; every one must pass.",
+        "Run the named test on the PR's code and fix the failure.",
+    ),
+    "tests.skipped": RuleDoc(
+        "A reference test skips on the PR's code.",
+        "A reference test that runs on the base's code but skips on the PR's proves "
+        "nothing there, so it counts as broken.",
+        "Make the test run on the PR's code again (see why it skips).",
+    ),
+    "tests.missing": RuleDoc(
+        "A reference test never runs on the PR's code.",
+        "Each test the base collects must run on the PR's code; one that disappears "
+        "(renamed, deselected, not collected) proves nothing.",
+        "Restore the test, or keep it collectable under its name.",
+    ),
+    "tests.error": RuleDoc(
+        "A test run of the verdict could not be read.",
+        "A collection error, a time limit or a missing report leaves unknown what the run "
+        "would have proved, so nothing in it counts as passed.",
+        "Fix the error the message shows and run again.",
     ),
     "device.failed": RuleDoc(
         "A test proving an invariant failed on a device.",
@@ -180,6 +261,13 @@ RULES: dict[str, RuleDoc] = {
         "against the gate.",
         "Look at the reason in the message; fix the tests or the timeout.",
     ),
+    "sandbox.tampered": RuleDoc(
+        "A protected file changed while the PR's code ran.",
+        "The checker, the sandbox interpreter and the verdict's workspace are hashed "
+        "before the PR's code runs and checked after; a change means the PR's code "
+        "reached what judges it, and the verdict cannot stand.",
+        "Find what in the PR writes outside its own files, and remove it.",
+    ),
 }
 
 # What each kind of spec-defined static rule checks (rule descriptions).
@@ -191,6 +279,8 @@ SPEC_RULE_KINDS: dict[str, str] = {
     "forbidden_in_function": "no listed method or function is called inside the named "
     "function (and, where the rule says so, the local helpers it calls)",
     "dependencies": "the package's [project].dependencies name exactly the allowed distributions",
+    "forbidden_ops": "no listed ATen op (or, where the rule says so, no dtype or device "
+    "change) is dispatched while the rule's driver runs the stage's code",
 }
 
 
@@ -301,9 +391,24 @@ class Result:
     def add_spec_rule(self, rule: SpecRule) -> None:
         self.spec_rules[(rule.stage, rule.rule)] = rule
 
-    def rule_doc(self, rule: str, stage: str) -> RuleDoc:
-        """How ``rule`` is described for a violation of ``stage``."""
+    def spec_rule(self, rule: str, stage: str, path: str | None = None) -> SpecRule | None:
+        """The spec rule behind a violation of ``rule`` reported under ``stage``.
+
+        A stage's own rule first; else (a rule of a stage the reported one
+        depends on, judged at run time) the one whose spec is ``path``, or
+        the only rule with that id.
+        """
         own = self.spec_rules.get((stage, rule))
+        if own is not None or rule in RULES:
+            return own
+        same = [r for r in self.spec_rules.values() if r.rule == rule]
+        at_path = [r for r in same if r.spec_path == path]
+        found = at_path or same
+        return found[0] if len(found) == 1 else None
+
+    def rule_doc(self, rule: str, stage: str, path: str | None = None) -> RuleDoc:
+        """How ``rule`` is described for a violation reported under ``stage``."""
+        own = self.spec_rule(rule, stage, path)
         if own is not None:
             return own.doc()
         return RULES.get(rule) or unregistered(rule)

@@ -30,6 +30,7 @@ SCHEMA_PATH = "specs/spec.schema.json"
 
 # Paths that belong to no stage: the gate itself, its specs, CI and the
 # repository-wide tooling. A stage PR that touches one fails as a meta change.
+# The root conftest.py is here because every test run loads it.
 # The root README.md is deliberately not here: it is nobody's, so a stage PR
 # that edits it fails as "not allowed" rather than as a meta change.
 META_PATTERNS: tuple[str, ...] = (
@@ -41,6 +42,7 @@ META_PATTERNS: tuple[str, ...] = (
     "/constraints.txt",
     "/pyproject.toml",
     "/.pre-commit-hooks.yaml",
+    "/conftest.py",
 )
 
 
@@ -50,6 +52,7 @@ def compile_patterns(patterns: list[str] | tuple[str, ...]) -> pathspec.GitIgnor
 
 
 META_SPEC = compile_patterns(META_PATTERNS)
+RUNTIME_KINDS = frozenset({"forbidden_ops"})
 
 
 @dataclass(frozen=True)
@@ -97,8 +100,13 @@ class Rule:
     line: int | None
 
     @property
+    def runtime(self) -> bool:
+        """Judged by what executes (``contracts pr`` runs its driver), not by reading."""
+        return self.kind in RUNTIME_KINDS
+
+    @property
     def rule_id(self) -> str:
-        return f"static.{self.id}"
+        return f"{'runtime' if self.runtime else 'static'}.{self.id}"
 
     def patterns(self, key: str = "files") -> pathspec.GitIgnoreSpec:
         return compile_patterns(list(self.params.get(key, [])))
@@ -121,6 +129,7 @@ class Spec:
     package: str
     distribution: str
     depends_on: tuple[str, ...]
+    modules: tuple[str, ...]
     may_change: tuple[str, ...]
     must_not_change: tuple[str, ...]
     line_scoped: tuple[LineScope, ...]
@@ -133,6 +142,21 @@ class Spec:
 
     def invariant_ids(self) -> set[str]:
         return {f"{self.id}.{inv.id}" for inv in self.invariants}
+
+    @property
+    def src(self) -> str:
+        """The package's source root, e.g. ``packages/rope/src``."""
+        return f"{self.package}/src"
+
+    @property
+    def module_files(self) -> tuple[str, ...]:
+        """The owned modules as repository paths (``packages/rope/src/niels_gpt/model/rope.py``)."""
+        return tuple(f"{self.src}/{m}" for m in self.modules)
+
+    @property
+    def acceptance_dir(self) -> str:
+        """Where the maintainer-owned acceptance tests of the stage live (a meta path)."""
+        return f"{SPECS_DIR}/{self.id}/tests"
 
 
 def load_schema(text: str | None, path: str = SCHEMA_PATH) -> dict[str, Any]:
@@ -254,6 +278,13 @@ def parse_spec(path: str, text: str, schema: Mapping[str, Any]) -> Spec:
             problem = _pattern_problem(rule["files"])
             if problem:
                 fail(("rules", i, "files"), problem)
+        driver = rule.get("driver")
+        if driver is not None and not driver.startswith(f"{SPECS_DIR}/{data['id']}/"):
+            fail(
+                ("rules", i, "driver"),
+                f"expected a driver under {SPECS_DIR}/{data['id']}/ (maintainer-owned), "
+                f"found {driver!r}",
+            )
     for i, scope in enumerate(data["paths"].get("line_scoped", [])):
         problem = _pattern_problem(scope["paths"])
         if problem:
@@ -269,6 +300,7 @@ def parse_spec(path: str, text: str, schema: Mapping[str, Any]) -> Spec:
         package=data["package"],
         distribution=data["distribution"],
         depends_on=tuple(data.get("depends_on", [])),
+        modules=tuple(data["modules"]),
         may_change=tuple(p["may_change"]),
         must_not_change=tuple(p.get("must_not_change", [])),
         line_scoped=tuple(

@@ -11,6 +11,7 @@ identity, and the source file and line to point at).
 from __future__ import annotations
 
 import ast
+import dataclasses
 import importlib
 import inspect
 import json
@@ -73,6 +74,45 @@ def where(obj: Any, tree: str) -> tuple[str | None, int | None]:
     return (rel.replace(os.sep, "/") if not rel.startswith("..") else path), line
 
 
+def _in_roots(path: str, roots: list[str]) -> bool:
+    real = os.path.realpath(path)
+    return any(real.startswith(os.path.realpath(r) + os.sep) for r in roots)
+
+
+def code_origin(
+    member: Any, roots: list[str], tree: str, owner: Any = None
+) -> dict[str, Any] | None:
+    """Where the code that really runs was written: file, first line and name.
+
+    Starts from the raw object (a ``staticmethod``/``classmethod`` is opened)
+    and follows ``__wrapped__`` only while the code found lies outside the
+    source roots (a decorator's wrapper from torch, say). An assigned
+    ``__signature__`` does not move a code object, so the source found here is
+    the real one. A dataclass's generated ``__init__`` points at its class,
+    whose annotated fields are its source (``"dataclass": true``).
+    """
+    func = member.__func__ if isinstance(member, (staticmethod, classmethod)) else member
+    for hops in range(8):
+        code = getattr(func, "__code__", None)
+        if code is not None and _in_roots(code.co_filename, roots):
+            rel = os.path.relpath(os.path.realpath(code.co_filename), tree)
+            return {
+                "file": rel.replace(os.sep, "/"),
+                "line": code.co_firstlineno,
+                "name": code.co_name,
+                "wrapped": hops > 0,
+            }
+        generated = code is not None and code.co_filename.startswith("<")
+        if generated and isinstance(owner, type) and dataclasses.is_dataclass(owner):
+            file, line = where(owner, tree)
+            if file is not None and line is not None:
+                return {"file": file, "line": line, "name": owner.__name__, "dataclass": True}
+        func = getattr(func, "__wrapped__", None)
+        if func is None:
+            return None
+    return None
+
+
 def resolve(spec: str) -> Any:
     module_name, _, qualname = spec.partition(":")
     obj: Any = importlib.import_module(module_name)
@@ -122,6 +162,7 @@ def probe(entry: dict[str, Any], roots: list[str], tree: str) -> dict[str, Any]:
             out["signature"] = signature(obj)
         except (TypeError, ValueError) as err:
             out["signature_error"] = str(err)
+        out["source"] = code_origin(obj, roots, tree)
     methods: dict[str, Any] = {}
     for name in entry.get("methods", []):
         member = inspect.getattr_static(obj, name, None)
@@ -130,7 +171,11 @@ def probe(entry: dict[str, Any], roots: list[str], tree: str) -> dict[str, Any]:
             continue
         func = getattr(obj, name)
         try:
-            methods[name] = {"signature": signature(func), "where": where(func, tree)}
+            methods[name] = {
+                "signature": signature(func),
+                "where": where(func, tree),
+                "source": code_origin(member, roots, tree, obj),
+            }
         except (TypeError, ValueError) as err:
             methods[name] = {"error": str(err)}
     out["methods"] = methods

@@ -24,6 +24,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from niels_gpt_contracts.checks.api_source import judge_source
+from niels_gpt_contracts.checks.signatures import compare_signatures, norm, parse_signature
 from niels_gpt_contracts.gitdiff import Tree, WorkingTree
 from niels_gpt_contracts.result import Violation
 from niels_gpt_contracts.spec import ApiEntry, Spec, compile_patterns
@@ -31,94 +33,6 @@ from niels_gpt_contracts.spec import ApiEntry, Spec, compile_patterns
 PROBE = Path(__file__).with_name("_probe.py")
 SRC_FILES = compile_patterns(["/packages/*/src/**/*.py"])
 TIMEOUT_S = 300
-
-_KIND = {
-    "POSITIONAL_ONLY": "positional-only",
-    "POSITIONAL_OR_KEYWORD": "positional-or-keyword",
-    "VAR_POSITIONAL": "*args",
-    "KEYWORD_ONLY": "keyword-only",
-    "VAR_KEYWORD": "**kwargs",
-}
-
-
-def _norm(node: ast.expr | None, unquote: bool = True) -> str | None:
-    """Canonical spelling, as the probe writes it (quoted annotations unquoted)."""
-    if node is None:
-        return None
-    try:
-        while unquote and isinstance(node, ast.Constant) and isinstance(node.value, str):
-            node = ast.parse(node.value.strip(), mode="eval").body
-    except SyntaxError:
-        pass
-    return ast.unparse(node)
-
-
-def parse_signature(text: str) -> dict[str, Any]:
-    """The spec's signature text in the probe's normalised form."""
-    func = ast.parse(f"def _f{text}:\n    pass\n").body[0]
-    assert isinstance(func, ast.FunctionDef)
-    a = func.args
-    positional = [*a.posonlyargs, *a.args]
-    defaults: list[ast.expr | None] = [None] * (len(positional) - len(a.defaults))
-    defaults += list(a.defaults)
-    params: list[list[str | None]] = []
-    for i, arg in enumerate(positional):
-        kind = "POSITIONAL_ONLY" if i < len(a.posonlyargs) else "POSITIONAL_OR_KEYWORD"
-        params.append([arg.arg, kind, _norm(defaults[i], False), _norm(arg.annotation)])
-    if a.vararg:
-        params.append([a.vararg.arg, "VAR_POSITIONAL", None, _norm(a.vararg.annotation)])
-    for arg, default in zip(a.kwonlyargs, a.kw_defaults, strict=True):
-        params.append([arg.arg, "KEYWORD_ONLY", _norm(default, False), _norm(arg.annotation)])
-    if a.kwarg:
-        params.append([a.kwarg.arg, "VAR_KEYWORD", None, _norm(a.kwarg.annotation)])
-    return {"params": params, "return": _norm(func.returns)}
-
-
-def _render(sig: Mapping[str, Any]) -> str:
-    parts = []
-    for name, kind, default, ann in sig["params"]:
-        text = {"VAR_POSITIONAL": "*", "VAR_KEYWORD": "**"}.get(kind, "") + name
-        text += f": {ann}" if ann else ""
-        text += (" = " if ann else "=") + default if default is not None else ""
-        parts.append(text)
-    ret = f" -> {sig['return']}" if sig["return"] else ""
-    return f"({', '.join(parts)}){ret}"
-
-
-def compare_signatures(
-    expected: Mapping[str, Any], found: Mapping[str, Any], is_init: bool = False
-) -> list[str]:
-    """Differences, each 'expected ..., found ...'; empty when equal."""
-    diffs: list[str] = []
-    exp_names = [p[0] for p in expected["params"]]
-    got_names = [p[0] for p in found["params"]]
-    if exp_names != got_names:
-        return [
-            f"expected parameters ({', '.join(exp_names)}), found "
-            f"({', '.join(got_names)}): expected {_render(expected)}, found {_render(found)}"
-        ]
-    for exp, got in zip(expected["params"], found["params"], strict=True):
-        name = exp[0]
-        if exp[1] != got[1]:
-            diffs.append(f"parameter {name!r}: expected {_KIND[exp[1]]}, found {_KIND[got[1]]}")
-        if exp[2] != got[2]:
-            diffs.append(
-                f"parameter {name!r}: expected default {exp[2] or '(none)'}, found "
-                f"{got[2] or '(none)'}"
-            )
-        if exp[3] != got[3]:
-            diffs.append(
-                f"parameter {name!r}: expected annotation {exp[3] or '(none)'}, "
-                f"found {got[3] or '(none)'}"
-            )
-    exp_ret, got_ret = expected["return"], found["return"]
-    if is_init:
-        exp_ret, got_ret = exp_ret or "None", got_ret or "None"
-    if exp_ret != got_ret:
-        diffs.append(
-            f"return annotation: expected {exp_ret or '(none)'}, found {got_ret or '(none)'}"
-        )
-    return diffs
 
 
 def _request(entry: ApiEntry) -> dict[str, Any]:
@@ -132,8 +46,17 @@ def _request(entry: ApiEntry) -> dict[str, Any]:
     }
 
 
-def probe(tree: Tree, entries: list[ApiEntry]) -> list[dict[str, Any]]:
-    """Run the import probe over ``entries`` on ``tree``; one result per entry."""
+def probe(
+    tree: Tree,
+    entries: list[ApiEntry],
+    python: str = sys.executable,
+    env: Mapping[str, str] | None = None,
+) -> list[dict[str, Any]]:
+    """Run the import probe over ``entries`` on ``tree``; one result per entry.
+
+    ``python`` and ``env`` choose the interpreter that imports the tree's code
+    (the PR verdict passes its sandbox's); by default, this one.
+    """
     if not entries:
         return []
     with tempfile.TemporaryDirectory(prefix="contracts-api-") as tmp:
@@ -147,7 +70,7 @@ def probe(tree: Tree, entries: list[ApiEntry]) -> list[dict[str, Any]]:
         try:
             done = subprocess.run(
                 [
-                    sys.executable,
+                    python,
                     "-P",
                     "-c",
                     PROBE.read_text(encoding="utf-8"),
@@ -156,6 +79,7 @@ def probe(tree: Tree, entries: list[ApiEntry]) -> list[dict[str, Any]]:
                 capture_output=True,
                 text=True,
                 cwd=tmp,
+                env=dict(env) if env is not None else None,
                 timeout=TIMEOUT_S,
                 check=False,
             )
@@ -178,8 +102,15 @@ def probe(tree: Tree, entries: list[ApiEntry]) -> list[dict[str, Any]]:
         return results
 
 
-def judge(spec: Spec, entry: ApiEntry, found: Mapping[str, Any]) -> list[Violation]:
-    """Violations of one API entry given what the probe found."""
+def judge(
+    spec: Spec, entry: ApiEntry, found: Mapping[str, Any], tree: Tree | None = None
+) -> list[Violation]:
+    """Violations of one API entry given what the probe found.
+
+    With ``tree``, every function and method is also read from its source
+    (``api_source``): a signature that ``inspect`` and the ``def`` disagree on
+    is ``api.source``.
+    """
     out: list[Violation] = []
     path: str | None = found.get("file")
     line: int | None = found.get("line")
@@ -203,6 +134,11 @@ def judge(spec: Spec, entry: ApiEntry, found: Mapping[str, Any]) -> list[Violati
         else:
             for diff in compare_signatures(parse_signature(entry.signature), found["signature"]):
                 add("api.signature", diff)
+            if tree is not None:
+                for rule, message, p, n in judge_source(
+                    "", found["signature"], found.get("source"), tree
+                ):
+                    add(rule, message, (p or path, n or line))
     for name, text in entry.methods.items():
         got = found.get("methods", {}).get(name, {"error": "not probed"})
         if "error" in got:
@@ -213,8 +149,13 @@ def judge(spec: Spec, entry: ApiEntry, found: Mapping[str, Any]) -> list[Violati
             parse_signature(text), got["signature"], is_init=name == "__init__"
         ):
             add("api.signature", f"{name}: {diff}", (at[0], at[1]))
+        if tree is not None:
+            for rule, message, p, n in judge_source(
+                f"{name}: ", got["signature"], got.get("source"), tree, is_init=name == "__init__"
+            ):
+                add(rule, message, (p or at[0], n or at[1]))
     if entry.fields is not None:
-        expected = {k: _norm(ast.parse(v, mode="eval").body) for k, v in entry.fields.items()}
+        expected = {k: norm(ast.parse(v, mode="eval").body) for k, v in entry.fields.items()}
         got_fields = found.get("fields", {})
         if expected != got_fields:
             add("api.fields", f"expected fields {expected}, found {got_fields}")
@@ -246,11 +187,16 @@ def judge(spec: Spec, entry: ApiEntry, found: Mapping[str, Any]) -> list[Violati
     return out
 
 
-def check_api(specs: list[Spec], tree: Tree) -> dict[str, list[Violation]]:
-    """API violations per stage, one probe for all of ``specs``."""
+def check_api(
+    specs: list[Spec],
+    tree: Tree,
+    python: str = sys.executable,
+    env: Mapping[str, str] | None = None,
+) -> dict[str, list[Violation]]:
+    """API violations per stage, one probe for all of ``specs`` (``python``/``env``: see probe)."""
     entries = [(s, e) for s in specs for e in s.api]
-    results = probe(tree, [e for _, e in entries])
+    results = probe(tree, [e for _, e in entries], python, env)
     out: dict[str, list[Violation]] = {s.id: [] for s in specs}
     for (spec, entry), found in zip(entries, results, strict=True):
-        out[spec.id].extend(judge(spec, entry, found))
+        out[spec.id].extend(judge(spec, entry, found, tree))
     return out

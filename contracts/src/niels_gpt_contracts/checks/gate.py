@@ -12,22 +12,26 @@ Two modes:
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from niels_gpt_contracts.checks import api, devices, invariants, paths, static
-from niels_gpt_contracts.errors import ConfigError
-from niels_gpt_contracts.gitdiff import GitRepo, RevisionTree, Tree, WorkingTree
-from niels_gpt_contracts.result import BROKEN, KEPT, Outcome, Result, SpecRule, Violation
-from niels_gpt_contracts.spec import (
-    SCHEMA_PATH,
-    SPECS_DIR,
-    Spec,
-    load_schema,
-    parse_specs,
-    spec_path,
+from niels_gpt_contracts.checks import (
+    api,
+    autoload,
+    devices,
+    invariants,
+    modules,
+    paths,
+    pr_context,
+    source,
+    static,
 )
+from niels_gpt_contracts.checks.loading import load_specs, pick
+from niels_gpt_contracts.errors import ConfigError
+from niels_gpt_contracts.gitdiff import GitRepo, Tree, WorkingTree
+from niels_gpt_contracts.result import BROKEN, KEPT, Outcome, Result, SpecRule, Violation
+from niels_gpt_contracts.spec import Spec
 
 
 @dataclass
@@ -44,53 +48,6 @@ class Request:
     api: bool = True
 
 
-def load_specs(tree: Tree) -> dict[str, Spec]:
-    """Every ``specs/*.toml`` of ``tree``, validated, in dependency order."""
-    names = [
-        f
-        for f in tree.files()
-        if f.startswith(f"{SPECS_DIR}/") and f.endswith(".toml") and f.count("/") == 1
-    ]
-    if not names:
-        raise ConfigError(
-            f"expected stage specs {SPECS_DIR}/*.toml in the {tree.label}, found none"
-        )
-    texts = tree.read_many([*names, SCHEMA_PATH])
-    schema = load_schema(texts.pop(SCHEMA_PATH))
-    unreadable = sorted(p for p, t in texts.items() if t is None)
-    if unreadable:
-        raise ConfigError(
-            f"{unreadable[0]}: expected a readable TOML text file, found "
-            "something else (symlink or binary)"
-        )
-    specs = parse_specs({p: t for p, t in texts.items() if t is not None}, schema)
-    ordered: list[str] = []
-
-    def visit(stage: str, trail: tuple[str, ...]) -> None:
-        if stage in ordered:
-            return
-        if stage in trail:
-            raise ConfigError(
-                f"{spec_path(stage)}: depends_on forms a cycle: {' -> '.join((*trail, stage))}"
-            )
-        for dep in specs[stage].depends_on:
-            visit(dep, (*trail, stage))
-        ordered.append(stage)
-
-    for stage in sorted(specs):
-        visit(stage, ())
-    return {s: specs[s] for s in ordered}
-
-
-def _pick(specs: Mapping[str, Spec], stage: str, where: str) -> Spec:
-    if stage not in specs:
-        raise ConfigError(
-            f"unknown stage {stage!r}: expected one of {', '.join(specs)} "
-            f"(specs in {where}), found no {spec_path(stage)}"
-        )
-    return specs[stage]
-
-
 def _outcome(stage: str, check: str, violations: list[Violation], kept: str) -> Outcome:
     if violations:
         n = len(violations)
@@ -98,7 +55,7 @@ def _outcome(stage: str, check: str, violations: list[Violation], kept: str) -> 
     return Outcome(stage, check, KEPT, kept)
 
 
-def _stage_checks(
+def stage_checks(
     result: Result,
     spec: Spec,
     specs: Mapping[str, Spec],
@@ -111,8 +68,15 @@ def _stage_checks(
         result.outcomes.append(
             _outcome(spec.id, "api", api_found.get(spec.id, []), f"{len(spec.api)} objects match")
         )
+    owned = modules.check_modules(spec, specs, tree)
+    result.outcomes.append(
+        _outcome(spec.id, "modules", owned, f"owns exactly {len(spec.modules)} module(s)")
+    )
+    src = source.check_source(spec, tree.read_many(spec.module_files), modules.namespaces(specs))
+    result.outcomes.append(_outcome(spec.id, "source", src, "source readable"))
     stat = static.check_static(spec, tree, changed_lines)
-    result.outcomes.append(_outcome(spec.id, "static", stat, f"{len(spec.rules)} rules hold"))
+    n_static = sum(not r.runtime for r in spec.rules)
+    result.outcomes.append(_outcome(spec.id, "static", stat, f"{n_static} rules hold"))
     inv, claimed = invariants.check_invariants(spec, specs, claims)
     result.outcomes.append(
         _outcome(spec.id, "invariants", inv, f"{claimed}/{len(spec.invariants)} invariants claimed")
@@ -146,18 +110,18 @@ def run_tree(request: Request) -> Result:
     tree = WorkingTree(repo)
     specs = load_specs(tree)
     chosen = (
-        [_pick(specs, request.stage, "the working tree")] if request.stage else list(specs.values())
+        [pick(specs, request.stage, "the working tree")] if request.stage else list(specs.values())
     )
     reports = devices.load_reports(request.reports_dir, request.report_files)
     result = Result(
         mode="tree", stages=[s.id for s in chosen], required_devices=request.require_devices
     )
-    _add_rule_texts(result, chosen)
+    add_rule_texts(result, chosen)
     api_found = api.check_api(chosen, tree) if request.api else None
     claims = invariants.scan_claims(tree)
     for spec in chosen:
         result.outcomes.append(Outcome(spec.id, "spec", KEPT, f"{spec.path} valid"))
-        _stage_checks(result, spec, specs, tree, claims, api_found, None)
+        stage_checks(result, spec, specs, tree, claims, api_found, None)
         _device_rows(result, spec, reports, request.require_devices)
     if not request.stage:
         unowned = invariants.check_unowned(specs, claims, tree.files())
@@ -167,90 +131,40 @@ def run_tree(request: Request) -> Result:
     return result
 
 
-def stage_from_trailers(repo: GitRepo, merge_base: str, head: str) -> str:
-    found = repo.stage_trailers(merge_base, head)
-    stages = sorted({s for _, s in found})
-    span = f"{merge_base[:12]}..{head[:12]}"
-    if not stages:
-        raise ConfigError(
-            f"expected a 'Stage: <id>' trailer in the commits {span}, found none "
-            "(add one, or pass --stage)"
-        )
-    if len(stages) > 1:
-        detail = ", ".join(f"{c} says {s!r}" for c, s in found)
-        raise ConfigError(
-            f"expected one stage in the 'Stage:' trailers of {span}, found {len(stages)}: {detail}"
-        )
-    return stages[0]
-
-
 def run_pr(request: Request) -> Result:
-    assert request.base is not None
+    """The static PR gate: the base's spec on the PR's paths and head (see ``pr_context``)."""
     _check_devices(request.require_devices)
-    repo = GitRepo.discover(request.repo)
-    base = repo.resolve(request.base, "base revision")
-    head = repo.resolve(request.head, "head revision") if request.head else None
-    head_commit = head or repo.resolve("HEAD", "HEAD")
-    merge_base = repo.merge_base(base, head_commit)
-    base_tree = RevisionTree(repo, base)
-    specs = load_specs(base_tree)
-    stage = request.stage or stage_from_trailers(repo, merge_base, head_commit)
-    spec = _pick(specs, stage, f"base {request.base}")
+    ctx = pr_context.open_pr(request.repo, request.base or "", request.head, request.stage)
     reports = devices.load_reports(request.reports_dir, request.report_files)
+    result = ctx.result(request.require_devices)
+    add_rule_texts(result, [ctx.spec])
+    judge_pr_static(ctx, result)
+    api_found = api.check_api([ctx.spec], ctx.head_tree) if request.api else None
+    claims = invariants.scan_claims(ctx.head_tree)
+    stage_checks(result, ctx.spec, ctx.specs, ctx.head_tree, claims, api_found, ctx.changed_lines)
+    _device_rows(result, ctx.spec, reports, request.require_devices)
+    return result
 
-    changes = repo.changes(merge_base, head)
-    head_tree: Tree = RevisionTree(repo, head) if head else WorkingTree(repo)
-    result = Result(
-        mode="pr",
-        stages=[spec.id],
-        base=base,
-        head=head,
-        merge_base=merge_base,
-        required_devices=request.require_devices,
+
+def judge_pr_static(ctx: pr_context.PrContext, result: Result) -> None:
+    """The spec, paths and self-loading rows of a PR gate."""
+    spec = ctx.spec
+    result.outcomes.append(
+        Outcome(spec.id, "spec", KEPT, f"{spec.path} at base {ctx.base[:12]} valid")
     )
-    _add_rule_texts(result, [spec])
-    result.outcomes.append(Outcome(spec.id, "spec", KEPT, f"{spec.path} at base {base[:12]} valid"))
-    path_violations, judged = paths.check_paths(
-        spec, changes, RevisionTree(repo, merge_base), head_tree
-    )
+    path_violations, judged = paths.check_paths(spec, ctx.changes, ctx.base_side, ctx.head_tree)
     result.changed_paths = judged
     result.outcomes.append(
         _outcome(spec.id, "paths", path_violations, f"{judged} changed paths allowed")
     )
-    changed = {p for c in changes for p in c.paths()}
-    api_found = api.check_api([spec], head_tree) if request.api else None
-    claims = invariants.scan_claims(head_tree)
-    changed_lines = _LazyLines(repo, merge_base, head, changed)
-    _stage_checks(result, spec, specs, head_tree, claims, api_found, changed_lines)
-    _device_rows(result, spec, reports, request.require_devices)
-    return result
+    loading = autoload.check_autoload(spec, ctx.changes, ctx.base_side, ctx.head_tree)
+    result.outcomes.append(
+        _outcome(spec.id, "autoload", loading, "no self-loading file, table or link")
+    )
 
 
-class _LazyLines(Mapping[str, set[int]]):
-    """Changed lines per changed path, asked of git only for paths looked up."""
-
-    def __init__(self, repo: GitRepo, base: str, head: str | None, paths: set[str]) -> None:
-        self.repo, self.base, self.head, self.paths = repo, base, head, paths
-        self.cache: dict[str, set[int]] = {}
-
-    def __getitem__(self, path: str) -> set[int]:
-        if path not in self.paths:
-            raise KeyError(path)
-        if path not in self.cache:
-            self.cache[path] = self.repo.changed_lines(self.base, self.head, path)
-        return self.cache[path]
-
-    def __contains__(self, path: object) -> bool:
-        return path in self.paths
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.paths)
-
-    def __len__(self) -> int:
-        return len(self.paths)
-
-
-def _add_rule_texts(result: Result, specs: list[Spec]) -> None:
+def add_rule_texts(result: Result, specs: list[Spec]) -> None:
+    """Register each spec's own rules, so reports describe them stage by stage."""
     for spec in specs:
         for rule in spec.rules:
             result.add_spec_rule(

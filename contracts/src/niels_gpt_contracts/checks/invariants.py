@@ -2,7 +2,8 @@
 claim names a spec invariant.
 
 Claims are read statically from the stage test files
-(``packages/*/tests/**/*.py``): any call ``<...>.mark.invariant("<stage>.<id>")``
+(``packages/*/tests/**/*.py``) and the acceptance tests beside the specs
+(``specs/<stage>/tests/**/*.py``): any call ``<...>.mark.invariant("<stage>.<id>")``
 counts, as a decorator, in ``pytestmark`` or in ``pytest.param(marks=...)``.
 A claim that is not exactly one string literal is malformed.
 """
@@ -11,14 +12,15 @@ from __future__ import annotations
 
 import ast
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from niels_gpt_contracts.gitdiff import Tree
 from niels_gpt_contracts.result import Violation
 from niels_gpt_contracts.spec import Spec, compile_patterns
 
-TEST_FILES = compile_patterns(["/packages/*/tests/**/*.py"])
+# Stage tests, and the maintainer-owned acceptance tests beside the specs.
+TEST_FILES = compile_patterns(["/packages/*/tests/**/*.py", "/specs/*/tests/**/*.py"])
 _ID = re.compile(r"^[a-z][a-z0-9_]*\.[A-Za-z][A-Za-z0-9_]*$")
 
 
@@ -41,9 +43,12 @@ def _is_marker(node: ast.AST) -> bool:
     )
 
 
-def scan_claims(tree: Tree) -> list[Claim]:
-    """Every invariant marker in the stage test files of ``tree``."""
-    paths = [f for f in tree.files() if TEST_FILES.match_file(f)]
+def scan_claims(tree: Tree, only: Iterable[str] | None = None) -> list[Claim]:
+    """Every invariant marker in the test files of ``tree`` (or in ``only`` of them)."""
+    wanted = set(only) if only is not None else None
+    paths = [
+        f for f in tree.files() if TEST_FILES.match_file(f) and (wanted is None or f in wanted)
+    ]
     claims: list[Claim] = []
     for path, text in sorted(tree.read_many(paths).items()):
         if text is None:
@@ -99,7 +104,14 @@ def scan_claims(tree: Tree) -> list[Claim]:
 
 
 def _owner(path: str, specs: Mapping[str, Spec]) -> str | None:
-    return next((s.id for s in specs.values() if path.startswith(s.package + "/")), None)
+    return next(
+        (
+            s.id
+            for s in specs.values()
+            if path.startswith((s.package + "/", s.acceptance_dir + "/"))
+        ),
+        None,
+    )
 
 
 def check_invariants(

@@ -6,7 +6,10 @@ every outermost call to the named callable is masked to a placeholder, and
 the masked texts must be identical, line for line, comments included. Then
 the calls are paired in order: each changed call must equal its old self
 except that it gains the keyword (nothing else in it may change, and an
-existing value of the keyword may not change either).
+existing value of the keyword may not change either). The value it gains must
+be an int literal, or a module-level name bound exactly once in the same file
+to an int literal: a permission to pass a vocabulary size is not a permission
+to run code (``V=__import__("os").system(...)``).
 """
 
 from __future__ import annotations
@@ -96,6 +99,56 @@ def _keyword(call: ast.Call, keyword: str) -> ast.keyword | None:
     return next((kw for kw in call.keywords if kw.arg == keyword), None)
 
 
+def _int_literal(node: ast.expr | None) -> bool:
+    return (
+        isinstance(node, ast.Constant)
+        and isinstance(node.value, int)
+        and not isinstance(node.value, bool)
+    )
+
+
+def _int_constants(tree: ast.Module) -> set[str]:
+    """Names bound exactly once in the module, at its top level, to an int literal."""
+    bindings: dict[str, int] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            bindings[node.id] = bindings.get(node.id, 0) + 1
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bindings[node.name] = bindings.get(node.name, 0) + 1
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                name = alias.asname or alias.name.split(".")[0]
+                bindings[name] = bindings.get(name, 0) + 1
+        elif isinstance(node, (ast.Global, ast.Nonlocal)):
+            for name in node.names:
+                bindings[name] = bindings.get(name, 0) + 2
+    found: set[str] = set()
+    for stmt in tree.body:
+        target: ast.expr
+        value: ast.expr | None
+        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
+            target, value = stmt.targets[0], stmt.value
+        elif isinstance(stmt, ast.AnnAssign):
+            target, value = stmt.target, stmt.value
+        else:
+            continue
+        if isinstance(target, ast.Name) and _int_literal(value) and bindings[target.id] == 1:
+            found.add(target.id)
+    return found
+
+
+def _value_problem(call: ast.Call, keyword: str, constants: set[str]) -> str | None:
+    kw = _keyword(call, keyword)
+    value = kw.value if kw is not None else None
+    if _int_literal(value) or (isinstance(value, ast.Name) and value.id in constants):
+        return None
+    shown = ast.unparse(value)[:60] if value is not None else "nothing"
+    return (
+        f"the added {keyword}= must be an int literal or a module-level name bound once "
+        f"to one in this file, found {shown!r}"
+    )
+
+
 def judge(scope: LineScope, base_text: str, head_text: str) -> list[tuple[int, str]]:
     """``(head line, problem)`` for every change the permission does not cover."""
     name, keyword = scope.callable, scope.keyword
@@ -150,6 +203,7 @@ def judge(scope: LineScope, base_text: str, head_text: str) -> list[tuple[int, s
                 )
         return problems
 
+    constants = _int_constants(head_tree)
     for old, new in zip(base_calls, head_calls, strict=True):
         if ast.dump(old) == ast.dump(new):
             continue
@@ -169,4 +223,8 @@ def judge(scope: LineScope, base_text: str, head_text: str) -> list[tuple[int, s
                     f"changing or removing it is not adding it",
                 )
             )
+        else:
+            problem = _value_problem(new, keyword, constants)
+            if problem:
+                problems.append((new.lineno, f"{name}(...) call: {problem}"))
     return problems

@@ -283,10 +283,16 @@ _KINDS = {
 def check_static(
     spec: Spec, tree: Tree, changed_lines: Mapping[str, set[int]] | None = None
 ) -> list[Violation]:
-    """Every static rule of ``spec`` on ``tree``; ``changed_lines`` marks PR lines."""
+    """Every static rule of ``spec`` on ``tree``; ``changed_lines`` marks PR lines.
+
+    Runtime rules (``forbidden_ops``) are judged by ``contracts pr``, which runs
+    their drivers; they are skipped here.
+    """
     files = tree.files()
     out: list[Violation] = []
     for rule in spec.rules:
+        if rule.runtime:
+            continue
         for path, line, message in _KINDS[rule.kind](rule, tree, files):
             changed = bool(
                 changed_lines is not None

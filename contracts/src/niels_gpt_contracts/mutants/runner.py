@@ -26,13 +26,8 @@ import contextlib
 import hashlib
 import json
 import os
-import queue
 import re
-import signal
-import subprocess
 import sys
-import tempfile
-import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -40,26 +35,23 @@ from pathlib import Path
 from typing import Literal
 
 from niels_gpt_contracts.checks import invariants
-from niels_gpt_contracts.checks.gate import load_specs
+from niels_gpt_contracts.checks.loading import load_specs
 from niels_gpt_contracts.errors import ConfigError
-from niels_gpt_contracts.gitdiff import GitRepo, WorkingTree
-from niels_gpt_contracts.mutants import zygote
+from niels_gpt_contracts.gitdiff import GitRepo, Tree, WorkingTree
 from niels_gpt_contracts.mutants.catalogue import (
     SRC_MARKER,
     Mutant,
     apply,
     catalogue,
     compile_problem,
-    write_overlay,
 )
+from niels_gpt_contracts.mutants.launcher import OVERLAY_MISSED, SERVER_DIED, Launcher, Run, TestEnv
+from niels_gpt_contracts.spec import Spec
 
 Status = Literal["killed", "survived", "stale", "error"]
 CACHE_FILE = ".mutants-cache.json"
 CACHE_VERSION = 1
 DEFAULT_TIMEOUT = 120.0
-OVERLAY_MISSED = zygote.OVERLAY_MISSED  # the overlay was not what imported
-SERVER_DIED = -1000  # no exit status: the fork server itself went away
-ZYGOTE = Path(zygote.__file__).resolve()
 # Files outside the stage that decide how its tests run (part of the cache key).
 CONFIG_FILES = ("conftest.py", "pyproject.toml")
 
@@ -116,7 +108,9 @@ class Options:
 
 
 @dataclass
-class _Plan:
+class Plan:
+    """One stage's mutants and the tests (ids under the rootdir) that must kill them."""
+
     stage: str
     tests: list[str]
     mutants: list[Mutant]
@@ -132,12 +126,12 @@ def _sha(*parts: str) -> str:
     return digest.hexdigest()
 
 
-def _plugin_source() -> str:
+def plugin_source() -> str:
     # Read, not imported: the CLI side of the checker stays apart from the plugin.
     return (Path(__file__).resolve().parents[1] / "pytest_plugin.py").read_text(encoding="utf-8")
 
 
-class _Cache:
+class Cache:
     def __init__(self, path: Path, enabled: bool) -> None:
         self.path = path
         self.enabled = enabled
@@ -168,17 +162,6 @@ class _Cache:
         os.replace(tmp, self.path)
 
 
-def _pytest_args(root: Path, stage: str, tests: list[str], hypothesis: bool) -> list[str]:
-    args = ["-x", "-q", "-m", "not slow", f"--invariant-prefix={stage}.", f"--rootdir={root}"]
-    for plugin in ("cacheprovider", "randomly", "xdist"):
-        args += ["-p", f"no:{plugin}"]
-    # Seeded where the tests use hypothesis; elsewhere its plugin is not even loaded.
-    args += ["--hypothesis-seed=0"] if hypothesis else ["-p", "no:hypothesispytest"]
-    if (root / "pyproject.toml").is_file():
-        args += ["-c", str(root / "pyproject.toml")]
-    return [*args, *(str(root / t) for t in tests)]
-
-
 _DURATION = re.compile(r"^\s*([0-9.]+)s (?:setup|call|teardown)\s+(\S.*?)\s*$", re.MULTILINE)
 
 
@@ -194,179 +177,6 @@ def _fastest_first(output: str) -> list[str]:
     return sorted(total, key=lambda n: (total[n], n))
 
 
-def _env(overlay: Path | None) -> dict[str, str]:
-    env = dict(os.environ)
-    if overlay is not None:
-        env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (str(overlay), env.get("PYTHONPATH", "")) if p
-        )
-    env["PYTHONDONTWRITEBYTECODE"] = "1"
-    # Runs go in parallel, one a core: keep torch from oversubscribing.
-    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-        env.setdefault(var, "1")
-    env.pop("PYTEST_ADDOPTS", None)
-    return env
-
-
-@dataclass
-class _Run:
-    code: int | None  # None: timed out
-    output: str
-    seconds: float
-
-
-@dataclass
-class _Server:
-    proc: subprocess.Popen[str]
-    ready: bool = False
-
-    def ask(self, request: dict[str, object]) -> dict[str, object] | None:
-        """Send one request; the reply, or None when the server is gone."""
-        stdin, stdout = self.proc.stdin, self.proc.stdout
-        if stdin is None or stdout is None:
-            return None
-        try:
-            if not self.ready:
-                self.ready = stdout.readline().startswith('{"ready"')
-                if not self.ready:
-                    return None
-            stdin.write(json.dumps(request) + "\n")
-            stdin.flush()
-            reply = stdout.readline()
-        except OSError:
-            return None
-        return json.loads(reply) if reply else None
-
-
-class _Launcher:
-    """Runs pytest for a plan, with or without an overlay, one run per call.
-
-    With ``fork`` (the default on POSIX): ``jobs`` fork servers (``zygote.py``)
-    import torch and pytest once and fork a child per run, which saves seconds
-    of imports a run. Otherwise a fresh ``python`` subprocess per run.
-    """
-
-    def __init__(self, opts: Options, root: Path, jobs: int, preload: Sequence[str]) -> None:
-        self.opts = opts
-        self.root = root
-        self.preload = tuple(preload)
-        self.fork = opts.fork and hasattr(os, "fork")
-        self.servers: queue.Queue[_Server] = queue.Queue()
-        self.started: list[_Server] = []
-        if self.fork:
-            for _ in range(jobs):
-                self._start()
-
-    def _start(self) -> None:
-        proc = subprocess.Popen(
-            [self.opts.python, str(ZYGOTE), *self.preload],
-            env=_env(None),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            bufsize=1,
-        )
-        server = _Server(proc)
-        self.started.append(server)
-        self.servers.put(server)
-
-    def close(self) -> None:
-        for server in self.started:
-            with contextlib.suppress(OSError):
-                if server.proc.stdin:
-                    server.proc.stdin.close()
-            try:
-                server.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                server.proc.kill()
-                server.proc.wait()
-            if server.proc.stdout:
-                server.proc.stdout.close()
-
-    def run(self, p: _Plan, overlay_for: tuple[Mutant, str] | None) -> _Run:
-        with tempfile.TemporaryDirectory(prefix="niels-mutant-") as tmp:
-            work = Path(tmp)
-            overlay: Path | None = None
-            module, want = "", ""
-            if overlay_for is not None:
-                mutant, source = overlay_for
-                overlay = work / "overlay"
-                want = str(write_overlay(mutant, source, overlay))
-                module = mutant.module
-            if overlay_for is None:  # the clean run: also time every test
-                args = _pytest_args(self.root, p.stage, p.tests, p.hypothesis)
-                args += ["--durations=0", "--durations-min=0"]
-            else:
-                args = _pytest_args(self.root, p.stage, p.order or p.tests, p.hypothesis)
-            if self.fork:
-                # Preloaded plugin packages (hypothesis) are imported before pytest
-                # could mark them for assertion rewriting; that is expected here.
-                args = ["-W", "ignore::pytest.PytestAssertRewriteWarning", *args]
-                r = self._forked(work, overlay, module, want, args)
-            else:
-                r = self._spawned(work, overlay, module, want, args)
-            return _Run(r.code, _relative_ids(r.output, work, self.root), r.seconds)
-
-    def _forked(
-        self, work: Path, overlay: Path | None, module: str, want: str, args: list[str]
-    ) -> _Run:
-        log = work / "pytest.log"
-        request: dict[str, object] = {
-            "cwd": str(work),
-            "overlay": str(overlay) if overlay else "",
-            "module": module,
-            "want": want,
-            "args": args,
-            "log": str(log),
-            "timeout": self.opts.timeout,
-        }
-        server = self.servers.get()
-        reply = server.ask(request)
-        if reply is None:
-            self._start()  # replace the broken server for the runs still to come
-            return _Run(SERVER_DIED, "the fork server died", 0.0)
-        self.servers.put(server)
-        output = log.read_text(encoding="utf-8", errors="replace") if log.exists() else ""
-        code = reply["code"]
-        seconds = reply["seconds"]
-        return _Run(
-            code if isinstance(code, int) else None,
-            output,
-            float(seconds) if isinstance(seconds, (int, float)) else 0.0,
-        )
-
-    def _spawned(
-        self, work: Path, overlay: Path | None, module: str, want: str, args: list[str]
-    ) -> _Run:
-        request = {"overlay": str(overlay) if overlay else "", "module": module, "want": want}
-        cmd = [self.opts.python, str(ZYGOTE), "--once", json.dumps({**request, "args": args})]
-        start = time.monotonic()
-        proc = subprocess.Popen(
-            cmd,
-            cwd=work,
-            env=_env(overlay),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        try:
-            out, _ = proc.communicate(timeout=self.opts.timeout)
-            code: int | None = proc.returncode
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            out, _ = proc.communicate()
-            code = None
-        return _Run(code, out.decode("utf-8", "replace"), time.monotonic() - start)
-
-
-def _relative_ids(output: str, work: Path, root: Path) -> str:
-    """pytest names tests relative to the run's directory; name them from the repo root."""
-    prefix = os.path.relpath(root, work).replace(os.sep, "/") + "/"
-    return output.replace(prefix, "")
-
-
 def _first_failure(output: str) -> str:
     m = _FAILED_LINE.search(output)
     if m:
@@ -375,7 +185,7 @@ def _first_failure(output: str) -> str:
     return tail[-1][:200] if tail else "no output"
 
 
-def _judge(mutant: Mutant, run: _Run, timeout: float) -> Verdict:
+def _judge(mutant: Mutant, run: Run, timeout: float) -> Verdict:
     if run.code is None:
         return Verdict(mutant, "error", f"timeout after {timeout:g} s", seconds=run.seconds)
     if run.code == 0:
@@ -397,12 +207,12 @@ def _judge(mutant: Mutant, run: _Run, timeout: float) -> Verdict:
     )
 
 
-def _stage_tests(tree: WorkingTree, stage: str) -> list[str]:
+def stage_tests(tree: Tree, stage: str) -> list[str]:
     paths = {c.path for c in invariants.scan_claims(tree) if c.id and c.id.startswith(f"{stage}.")}
     return sorted(paths)
 
 
-def _preload(texts: Sequence[str], first_party: set[str]) -> list[str]:
+def preload_modules(texts: Sequence[str], first_party: set[str]) -> list[str]:
     """Top-level modules the tests import, minus the repository's own: the fork
     servers import these once; the code under test is imported fresh per run."""
     names = {"pytest"}
@@ -419,7 +229,37 @@ def _preload(texts: Sequence[str], first_party: set[str]) -> list[str]:
     return sorted(names - first_party - {"__future__"})
 
 
-def plan(opts: Options) -> tuple[Path, list[_Plan], dict[str, str], list[str]]:
+def plan_stage(
+    spec: Spec,
+    spec_text: str | None,
+    tests: list[str],
+    read: Callable[[str], str | None],
+    only: Sequence[str] = (),
+    key_parts: Sequence[str] = (),
+) -> tuple[Plan, dict[str, str]]:
+    """The plan of one stage and the cache key of each of its mutants.
+
+    ``read`` gives a file's text by repository path (module files and tests);
+    ``key_parts`` are more texts that decide a kill (configuration, plugin,
+    the rest of the code under test).
+    """
+    mutants = catalogue(spec, spec_text)
+    if only:
+        mutants = [m for m in mutants if m.name in only or m.id in only]
+    if mutants and not tests:
+        raise ConfigError(f"stage {spec.id!r} has mutants but no test claims its invariants")
+    test_texts = [f"{t}\n{read(t) or ''}" for t in tests]
+    keys = {
+        m.name: _sha(
+            str(CACHE_VERSION), m.definition(), read(m.file) or "", *key_parts, *test_texts
+        )
+        for m in mutants
+    }
+    uses_hypothesis = any("hypothesis" in t for t in test_texts)
+    return Plan(spec.id, tests, mutants, uses_hypothesis), keys
+
+
+def plan(opts: Options) -> tuple[Path, list[Plan], dict[str, str], list[str]]:
     """Load the specs and decide what runs; returns the repo root, plans, cache keys."""
     repo = GitRepo.discover(opts.repo)
     tree = WorkingTree(repo)
@@ -431,38 +271,29 @@ def plan(opts: Options) -> tuple[Path, list[_Plan], dict[str, str], list[str]]:
             f"found no specs/{unknown[0]}.toml"
         )
     chosen = list(opts.stages) or [s for s in specs if specs[s].mutants]
-    plugin = _plugin_source()
     config = [tree.read(p) or "" for p in CONFIG_FILES]
-    plans: list[_Plan] = []
+    plans: list[Plan] = []
     keys: dict[str, str] = {}
     sources: list[str] = [t for t in config if t]
     for stage in chosen:
         spec = specs[stage]
-        mutants = catalogue(spec, tree.read(spec.path))
-        if opts.only:
-            mutants = [m for m in mutants if m.name in opts.only or m.id in opts.only]
-        tests = _stage_tests(tree, stage)
-        if mutants and not tests:
-            raise ConfigError(f"stage {stage!r} has mutants but no test claims its invariants")
-        test_texts = [f"{t}\n{tree.read(t) or ''}" for t in tests]
-        for m in mutants:
-            keys[m.name] = _sha(
-                str(CACHE_VERSION),
-                m.definition(),
-                tree.read(m.file) or "",
-                plugin,
-                *config,
-                *test_texts,
-            )
-        uses_hypothesis = any("hypothesis" in t for t in test_texts)
-        plans.append(_Plan(stage, tests, mutants, uses_hypothesis))
+        tests = stage_tests(tree, stage)
+        p, k = plan_stage(
+            spec, tree.read(spec.path), tests, tree.read, opts.only, [plugin_source(), *config]
+        )
+        plans.append(p)
+        keys.update(k)
         sources += [tree.read(t) or "" for t in tests]
-    first_party = {
+    return repo.root, plans, keys, preload_modules(sources, first_party(tree.files()))
+
+
+def first_party(files: Sequence[str]) -> set[str]:
+    """Top-level names the stage packages provide (never preloaded by fork servers)."""
+    return {
         f.split(SRC_MARKER, 1)[1].split("/")[0]
-        for f in tree.files()
+        for f in files
         if f.startswith("packages/") and SRC_MARKER in f
     }
-    return repo.root, plans, keys, _preload(sources, first_party)
 
 
 def run(opts: Options) -> MutantsResult:
@@ -472,9 +303,20 @@ def run(opts: Options) -> MutantsResult:
         ConfigError: unknown stage, malformed spec, or a clean run that fails.
     """
     root, plans, keys, preload = plan(opts)
-    cache = _Cache(root / CACHE_FILE, opts.use_cache)
-    jobs = max(1, opts.jobs or os.cpu_count() or 1)
+    cache = Cache(root / CACHE_FILE, opts.use_cache)
+    return execute(plans, keys, preload, TestEnv.for_repo(root, opts.python), cache, opts)
 
+
+def execute(
+    plans: list[Plan],
+    keys: dict[str, str],
+    preload: Sequence[str],
+    env: TestEnv,
+    cache: Cache,
+    opts: Options,
+) -> MutantsResult:
+    """Run the plans in ``env``; mutated modules are read from ``env.sources``."""
+    jobs = max(1, opts.jobs or os.cpu_count() or 1)
     verdicts: dict[str, Verdict] = {}
     todo: list[tuple[Mutant, str]] = []
     for p in plans:
@@ -483,7 +325,7 @@ def run(opts: Options) -> MutantsResult:
             if cached is not None:
                 verdicts[m.name] = Verdict(m, "killed", cached, cached=True)
                 continue
-            path = root / m.file
+            path = env.sources / m.file
             text = path.read_text("utf-8", "surrogateescape") if path.is_file() else None
             applied = apply(m, text)
             if applied.source is None:
@@ -497,7 +339,9 @@ def run(opts: Options) -> MutantsResult:
 
     clean: list[StageRun] = []
     if todo:  # a stage whose mutants are all cached or stale needs no clean run
-        launcher = _Launcher(opts, root, min(jobs, len(todo)), preload)
+        launcher = Launcher(
+            env, min(jobs, len(todo)), preload, timeout=opts.timeout, fork=opts.fork
+        )
         try:
             clean = _run_all(opts, launcher, plans, todo, verdicts, jobs)
         finally:
@@ -509,8 +353,8 @@ def run(opts: Options) -> MutantsResult:
 
 def _run_all(
     opts: Options,
-    launcher: _Launcher,
-    plans: list[_Plan],
+    launcher: Launcher,
+    plans: list[Plan],
     todo: list[tuple[Mutant, str]],
     verdicts: dict[str, Verdict],
     jobs: int,
@@ -521,7 +365,7 @@ def _run_all(
 
     def clean_run(stage: str) -> StageRun:
         p = plan_of[stage]
-        r = launcher.run(p, None)
+        r = launcher.run(p.stage, p.tests, p.hypothesis, None)
         if r.code == 0:
             p.order = _fastest_first(r.output)
             return StageRun(stage, True, "passed", r.seconds, p.tests)
@@ -530,7 +374,10 @@ def _run_all(
 
     def mutant_run(item: tuple[Mutant, str]) -> Verdict:
         m = item[0]
-        verdict = _judge(m, launcher.run(plan_of[m.stage], item), opts.timeout)
+        p = plan_of[m.stage]
+        verdict = _judge(
+            m, launcher.run(p.stage, p.order or p.tests, p.hypothesis, item), opts.timeout
+        )
         say(f"MUTANT {m.name} {verdict.status} ({verdict.seconds:.1f} s)")
         return verdict
 

@@ -66,8 +66,10 @@ def _descriptor(rule_id: str, doc: RuleDoc) -> dict[str, Any]:
 
 
 def rule_id(result: Result, v: Violation) -> str:
-    """The SARIF rule id of ``v``: spec-defined rules are qualified by stage."""
-    return f"{v.rule}/{v.stage}" if (v.stage, v.rule) in result.spec_rules else v.rule
+    """The SARIF rule id of ``v``: a spec-defined rule is qualified by the
+    stage whose spec defines it."""
+    own = result.spec_rule(v.rule, v.stage, v.path)
+    return f"{v.rule}/{own.stage}" if own is not None else v.rule
 
 
 def _rules(result: Result, violations: list[Violation]) -> list[dict[str, Any]]:
@@ -75,7 +77,7 @@ def _rules(result: Result, violations: list[Violation]) -> list[dict[str, Any]]:
     for (stage, rule), spec_rule in result.spec_rules.items():
         docs[f"{rule}/{stage}"] = spec_rule.doc()
     for v in violations:
-        docs.setdefault(rule_id(result, v), result.rule_doc(v.rule, v.stage))
+        docs.setdefault(rule_id(result, v), result.rule_doc(v.rule, v.stage, v.path))
     return [_descriptor(rid, docs[rid]) for rid in sorted(docs)]
 
 

@@ -1,0 +1,138 @@
+"""Code that loads itself: files and tables a stage PR may not add or change.
+
+pytest and Python run some files without anyone importing them: a
+``conftest.py`` next to the tests, a ``sitecustomize.py``/``usercustomize.py``
+or ``*.pth`` file on the path, an ini file that adds options or plugins, a
+``pytest11`` entry point of an installed package, a build hook that runs at
+install time. A stage PR could use any of them to make failing tests pass, so
+(in the PR gate, on every changed path):
+
+- ``path.autoload``: a changed file with one of those names or suffixes, or a
+  changed ``pyproject.toml`` whose entry points, scripts, pytest section, build
+  hooks or in-tree build backend differ from the base;
+- ``path.symlink``: a changed path that is a symbolic link on the head: a
+  symlinked module is another file's code under an allowed name.
+
+The verdict's own test runs also never load such files (see ``verdict``), so
+these rules name the attempt; they are not the only thing that stops it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import tomllib
+
+from niels_gpt_contracts.gitdiff import Change, Tree
+from niels_gpt_contracts.result import Violation
+from niels_gpt_contracts.spec import Spec
+
+SELF_LOADING_NAMES = frozenset(
+    {
+        "conftest.py",
+        "sitecustomize.py",
+        "usercustomize.py",
+        "pytest.ini",
+        ".pytest.ini",
+        "pytest.toml",
+        ".pytest.toml",
+        "tox.ini",
+        "setup.cfg",
+        "setup.py",
+    }
+)
+SELF_LOADING_SUFFIXES = (".pth",)
+# pyproject tables that make code run on install, on import or inside pytest.
+LOADING_TABLES: tuple[tuple[str, ...], ...] = (
+    ("project", "entry-points"),
+    ("project", "scripts"),
+    ("project", "gui-scripts"),
+    ("tool", "pytest"),
+    ("build-system", "backend-path"),
+)
+
+
+def _get(data: Mapping[str, Any], key: tuple[str, ...]) -> Any:
+    node: Any = data
+    for part in key:
+        if not isinstance(node, Mapping) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def _hooks(node: Any, trail: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], Any]]:
+    """Every ``[tool.hatch...hooks...]`` value: build hooks run code at install time."""
+    if isinstance(node, Mapping):
+        for key, value in node.items():
+            here = (*trail, str(key))
+            if key == "hooks":
+                yield here, value
+            else:
+                yield from _hooks(value, here)
+
+
+def _loading_parts(text: str) -> dict[str, Any]:
+    data = tomllib.loads(text)
+    parts = {".".join(key): _get(data, key) for key in LOADING_TABLES}
+    parts.update({".".join(key): value for key, value in _hooks(_get(data, ("tool", "hatch")))})
+    return {k: v for k, v in parts.items() if v is not None}
+
+
+def _pyproject_problems(old: str | None, new: str | None) -> list[str]:
+    if new is None:
+        return []
+    try:
+        after = _loading_parts(new)
+    except tomllib.TOMLDecodeError as err:
+        return [f"cannot be parsed ({err}), so its loading tables cannot be vetted"]
+    try:
+        before = _loading_parts(old) if old is not None else {}
+    except tomllib.TOMLDecodeError:
+        before = {}
+    changed = sorted(k for k in {*before, *after} if before.get(k) != after.get(k))
+    return [
+        f"changes [{key}]: entry points, scripts, pytest settings and build hooks "
+        "run code nobody imports; a stage PR may not add or change them"
+        for key in changed
+    ]
+
+
+def _name(path: str) -> str:
+    return path.rsplit("/", 1)[-1]
+
+
+def check_autoload(spec: Spec, changes: list[Change], base: Tree, head: Tree) -> list[Violation]:
+    """``path.autoload`` and ``path.symlink`` for every changed path."""
+    out: list[Violation] = []
+
+    def add(rule: str, path: str, message: str) -> None:
+        out.append(Violation(rule, path, None, message, spec.id, "autoload", changed=True))
+
+    pyprojects: list[str] = []
+    for change in changes:
+        for path in change.paths():
+            name = _name(path)
+            if name in SELF_LOADING_NAMES or name.endswith(SELF_LOADING_SUFFIXES):
+                add(
+                    "path.autoload",
+                    path,
+                    f"{name} is loaded by Python or pytest without being imported; "
+                    "a stage PR may not add, change or remove one",
+                )
+            elif name == "pyproject.toml" and path == change.path:
+                pyprojects.append(path)
+            if path == change.path and head.is_symlink(path):
+                add(
+                    "path.symlink",
+                    path,
+                    "is a symbolic link: a stage PR ships regular files only "
+                    "(a link would put another file's code under an allowed name)",
+                )
+    if pyprojects:
+        before, after = base.read_many(pyprojects), head.read_many(pyprojects)
+        for path in pyprojects:
+            for problem in _pyproject_problems(before.get(path), after.get(path)):
+                add("path.autoload", path, problem)
+    return out

@@ -1,0 +1,205 @@
+"""The Python environment the PR's code runs in, and proof it was not changed.
+
+``Sandbox`` holds the interpreter (given with ``--python`` or built by
+``build``), a bootstrap folder (our ``sitecustomize`` and a copy of the
+checker's own package, for its pytest plugin), and a scratch ``HOME``. Its
+``environ`` is built from an allowlist of the caller's variables, so nothing
+like ``PYTEST_ADDOPTS``, ``PYTEST_PLUGINS``, ``PYTHONSTARTUP`` or git settings
+reaches a run, plugin autoloading is off and user site-packages are ignored.
+
+``Snapshot`` records every file on the interpreter's import path (size,
+modification and change times); a run of the PR's code that adds, removes or
+rewrites one of them (a ``.pth`` file dropped into site-packages, a patched
+pytest) is found by comparing snapshots before and after.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import niels_gpt_contracts
+from niels_gpt_contracts.errors import ConfigError
+
+BOOTSTRAP_SITE = Path(__file__).with_name("_bootstrap_site.py")
+# What the verdict's runs need in the environment; versions come from the
+# base's constraints.txt.
+TOOLS = ("torch", "numpy", "pytest", "pytest-xdist", "hypothesis")
+PASSED_THROUGH = (
+    "PATH",
+    "LANG",
+    "LC_ALL",
+    "LC_CTYPE",
+    "TMPDIR",
+    "TZ",
+    "SYSTEMROOT",
+    "CUDA_VISIBLE_DEVICES",
+    "NVIDIA_VISIBLE_DEVICES",
+)
+
+
+@dataclass
+class Sandbox:
+    """An interpreter and the folders every sandboxed run uses."""
+
+    python: str
+    boot: Path
+    home: Path
+    names: tuple[str, ...]  # the stages' top-level packages, e.g. ("niels_gpt",)
+    threads: int = 1
+
+    @classmethod
+    def prepare(cls, python: str, scratch: Path, names: Iterable[str], threads: int) -> Sandbox:
+        """Write the bootstrap folder under ``scratch`` and check the interpreter runs."""
+        boot, home = scratch / "boot", scratch / "home"
+        home.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(
+            Path(niels_gpt_contracts.__file__).parent,
+            boot / "niels_gpt_contracts",
+            ignore=shutil.ignore_patterns("__pycache__"),
+        )
+        shutil.copyfile(BOOTSTRAP_SITE, boot / "sitecustomize.py")
+        box = cls(python, boot, home, tuple(sorted(names)), threads)
+        found = box.site_paths()
+        if not found:
+            raise ConfigError(f"--python {python}: expected a working interpreter, found none")
+        return box
+
+    def environ(
+        self, paths: Iterable[Path], extra: Mapping[str, str] | None = None
+    ) -> dict[str, str]:
+        """Variables for one run whose importable code is ``paths`` (src roots)."""
+        env = {k: os.environ[k] for k in PASSED_THROUGH if k in os.environ}
+        env.update(
+            {
+                "HOME": str(self.home),
+                "PYTHONPATH": os.pathsep.join([str(self.boot), *map(str, paths)]),
+                "PYTHONNOUSERSITE": "1",
+                "PYTHONSAFEPATH": "1",
+                "PYTHONDONTWRITEBYTECODE": "1",
+                "PYTHONHASHSEED": "0",
+                "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
+                "NIELS_GPT_SANDBOX_NAMES": ",".join(self.names),
+                "OMP_NUM_THREADS": str(self.threads),
+                "MKL_NUM_THREADS": str(self.threads),
+                "GIT_CONFIG_NOSYSTEM": "1",
+            }
+        )
+        env.update(extra or {})
+        return env
+
+    def site_paths(self) -> list[str]:
+        """The interpreter's import path outside the bootstrap (site-packages, stdlib)."""
+        code = "import json, sys; print(json.dumps([p for p in sys.path if p]))"
+        try:
+            done = subprocess.run(
+                [self.python, "-I", "-c", code],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return []
+        if done.returncode != 0:
+            return []
+        try:
+            paths = json.loads(done.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            return []
+        return [str(p) for p in paths if os.path.isdir(p)]
+
+
+@dataclass
+class Snapshot:
+    """``path -> (size, mtime_ns, ctime_ns)`` of every file under some folders."""
+
+    files: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+
+    @classmethod
+    def take(cls, roots: Iterable[str | Path]) -> Snapshot:
+        files: dict[str, tuple[int, int, int]] = {}
+        for root in roots:
+            for folder, dirs, names in os.walk(root):
+                dirs[:] = [d for d in dirs if d != "__pycache__"]
+                for name in names:
+                    path = os.path.join(folder, name)
+                    try:
+                        st = os.lstat(path)
+                    except OSError:
+                        continue
+                    files[path] = (st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        return cls(files)
+
+    def changes(self, later: Snapshot) -> list[str]:
+        """Files added, removed or rewritten since this snapshot, sorted."""
+        added = later.files.keys() - self.files.keys()
+        removed = self.files.keys() - later.files.keys()
+        rewritten = {
+            p for p in self.files.keys() & later.files.keys() if self.files[p] != later.files[p]
+        }
+        return sorted(added | removed | rewritten)
+
+
+def fingerprint(constraints: str) -> str:
+    """What decides a built environment's contents."""
+    digest = hashlib.sha256()
+    for part in (sys.version, " ".join(TOOLS), constraints):
+        digest.update(part.encode())
+        digest.update(b"\0")
+    return digest.hexdigest()[:16]
+
+
+def build(cache: Path, constraints: str, say: Callable[[str], None]) -> str:
+    """A virtual environment with ``TOOLS`` pinned by ``constraints``; its interpreter.
+
+    Built once under ``cache/envs/<fingerprint>`` and reused while the
+    constraints, the tool list and the Python version stay the same. pip runs
+    with the caller's own configuration (index, proxy): only the tools are
+    installed, never the PR's packages.
+
+    Raises:
+        ConfigError: the venv or the install failed.
+    """
+    env_dir = cache / "envs" / fingerprint(constraints)
+    bin_dir = env_dir / ("Scripts" if sys.platform == "win32" else "bin")
+    python = bin_dir / ("python.exe" if sys.platform == "win32" else "python")
+    stamp = env_dir / "niels-gpt-ready"
+    if stamp.is_file() and python.exists():
+        return str(python)
+    say(f"building the sandbox environment {env_dir} (once per constraints file)")
+    shutil.rmtree(env_dir, ignore_errors=True)
+    env_dir.parent.mkdir(parents=True, exist_ok=True)
+    pinned = env_dir.parent / f"{env_dir.name}-constraints.txt"
+    pinned.write_text(constraints, encoding="utf-8")
+    steps = (
+        [sys.executable, "-m", "venv", str(env_dir)],
+        [
+            str(python),
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            "-c",
+            str(pinned),
+            *TOOLS,
+        ],
+    )
+    for step in steps:
+        done = subprocess.run(step, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            raise ConfigError(
+                f"could not build the sandbox environment ({' '.join(step[:4])} exited "
+                f"{done.returncode}): {tail}"
+            )
+    stamp.write_text(" ".join(TOOLS) + "\n", encoding="utf-8")
+    return str(python)

@@ -1,0 +1,131 @@
+"""One pytest run in the sandbox, and the per-test report it leaves.
+
+The run loads exactly these plugins, with autoloading off: the checker's own
+(``--device``, the ``invariant`` marker, the per-test report), hypothesis's
+(for a fixed ``--hypothesis-seed``) and, for parallel runs, xdist's. Its
+configuration is the one the caller writes (the base's, never the PR's), its
+hypothesis example database lives in the run's scratch folder, and its result
+is read from the JSON report (validated here), not from the exit status alone.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from niels_gpt_contracts.sandbox import processes
+from niels_gpt_contracts.sandbox.environment import Sandbox
+
+PLUGINS = ("niels_gpt_contracts.pytest_plugin", "_hypothesis_pytestplugin")
+OUTCOMES = ("passed", "failed", "skipped")
+
+
+@dataclass(frozen=True)
+class TestOutcome:
+    """One test's outcome (``passed``, ``failed`` or ``skipped``) and its claims."""
+
+    outcome: str
+    invariants: tuple[str, ...]
+    reason: str
+
+
+@dataclass
+class PytestRun:
+    """What one run produced. ``problem`` is set when the run itself went wrong."""
+
+    label: str
+    device: str
+    code: int | None
+    seconds: float
+    tests: dict[str, TestOutcome] = field(default_factory=dict)
+    collected: list[str] = field(default_factory=list)
+    counts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    output: str = ""
+    problem: str | None = None
+
+    def tail(self, lines: int = 15) -> str:
+        return "\n".join(self.output.strip().splitlines()[-lines:])
+
+
+def _parse(raw: str, device: str) -> tuple[dict[str, TestOutcome], list[str], dict[str, Any]]:
+    """Validate the plugin's report; ``ValueError`` on anything unexpected."""
+    data = json.loads(raw)
+    if not isinstance(data, dict) or data.get("device") != device:
+        raise ValueError(f"expected a report for device {device!r}")
+    tests_raw, collected = data.get("tests"), data.get("collected")
+    counts = data.get("invariants")
+    if not (
+        isinstance(tests_raw, dict) and isinstance(collected, list) and isinstance(counts, dict)
+    ):
+        raise ValueError("expected 'tests', 'collected' and 'invariants' in the report")
+    tests: dict[str, TestOutcome] = {}
+    for nodeid, entry in tests_raw.items():
+        if not isinstance(entry, dict) or entry.get("outcome") not in OUTCOMES:
+            raise ValueError(f"expected an outcome for {nodeid!r}, found {entry!r}")
+        claims = entry.get("invariants", [])
+        if not isinstance(claims, list):
+            raise ValueError(f"expected a list of invariants for {nodeid!r}")
+        tests[str(nodeid)] = TestOutcome(
+            str(entry["outcome"]), tuple(map(str, claims)), str(entry.get("reason", ""))
+        )
+    return tests, [str(c) for c in collected], counts
+
+
+def run(
+    box: Sandbox,
+    *,
+    label: str,
+    rootdir: Path,
+    config: Path,
+    targets: Sequence[str],
+    roots: Sequence[Path],
+    device: str,
+    jobs: int = 1,
+    timeout: float = 1800.0,
+    collect_only: bool = False,
+) -> PytestRun:
+    """Run pytest on ``targets`` (paths or node ids under ``rootdir``) with ``roots`` importable."""
+    with tempfile.TemporaryDirectory(prefix="contracts-run-") as tmp:
+        scratch = Path(tmp)
+        report = scratch / "report.json"
+        args = [
+            box.python,
+            "-m",
+            "pytest",
+            "-c",
+            str(config),
+            f"--rootdir={rootdir}",
+            "-p",
+            "no:cacheprovider",
+            *(a for p in PLUGINS for a in ("-p", p)),
+            f"--device={device}",
+            f"--invariant-report={report}",
+            "--hypothesis-seed=0",
+            "-q",
+            "--tb=short",
+            "-rfE",
+        ]
+        if collect_only:
+            args.append("--collect-only")
+        elif jobs > 1:
+            args += ["-p", "xdist.plugin", f"--numprocesses={jobs}"]
+        args += [str(rootdir / t) for t in targets]
+        env = box.environ(roots, {"HYPOTHESIS_STORAGE_DIRECTORY": str(scratch / "hypothesis")})
+        done = processes.run(args, env=env, cwd=scratch, timeout=timeout)
+        result = PytestRun(label, device, done.code, done.seconds, output=done.stdout + done.stderr)
+        if done.timed_out:
+            result.problem = f"timed out after {timeout:g} s"
+            return result
+        if done.code not in (0, 1, 5):  # 5: nothing collected, judged by the caller
+            result.problem = f"pytest exited {done.code} (usage, collection or internal error)"
+        try:
+            result.tests, result.collected, result.counts = _parse(
+                report.read_text(encoding="utf-8"), device
+            )
+        except (OSError, ValueError) as err:
+            result.problem = result.problem or f"no readable per-test report ({err})"
+        return result

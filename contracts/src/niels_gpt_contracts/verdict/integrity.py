@@ -1,0 +1,70 @@
+"""The checker proves to itself that the PR's code did not rewrite it.
+
+Before any of the PR's code runs, every module of the checker is imported
+(so later reads of its files cannot change what runs) and every file of its
+package is hashed. After the runs the hashes are taken again; so are
+snapshots of the sandbox interpreter's import path and of the workspace
+folders the runs read. Any difference means the PR's code wrote outside its
+sandbox, and the verdict is BROKEN (``sandbox.tampered``), whatever the tests
+said.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import pkgutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import niels_gpt_contracts
+from niels_gpt_contracts.sandbox.environment import Snapshot
+
+# Modules that run only inside the sandbox (scripts), never in the checker.
+SANDBOX_SCRIPTS = ("_probe", "_runtime_probe", "_bootstrap_site", "zygote")
+
+
+def preload() -> int:
+    """Import every checker module now; how many."""
+    count = 0
+    for info in pkgutil.walk_packages(
+        niels_gpt_contracts.__path__, prefix=f"{niels_gpt_contracts.__name__}."
+    ):
+        if info.name.rsplit(".", 1)[-1] in SANDBOX_SCRIPTS:
+            continue
+        importlib.import_module(info.name)
+        count += 1
+    return count
+
+
+def _hashes(root: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and "__pycache__" not in p.parts
+    }
+
+
+@dataclass
+class Guard:
+    """Hashes of the checker package and snapshots of what the runs must not change."""
+
+    package: Path
+    checker: dict[str, str]
+    watched: Snapshot
+    roots: tuple[str, ...]
+
+    @classmethod
+    def take(cls, watched: list[str]) -> Guard:
+        package = Path(niels_gpt_contracts.__file__).resolve().parent
+        return cls(package, _hashes(package), Snapshot.take(watched), tuple(watched))
+
+    def changes(self) -> list[str]:
+        """What changed since ``take``: checker files first, then watched files."""
+        now = _hashes(self.package)
+        checker = sorted(
+            str(self.package / k)
+            for k in {*now, *self.checker}
+            if now.get(k) != self.checker.get(k)
+        )
+        return checker + self.watched.changes(Snapshot.take(self.roots))

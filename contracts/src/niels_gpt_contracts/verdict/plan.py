@@ -1,0 +1,99 @@
+"""What a PR verdict runs: which stages, which reference tests, which PR tests.
+
+For a PR of stage ``S`` the *closure* is ``S`` and every stage that depends on
+it, transitively (read from the base's specs). The *reference tests* are the
+base's test files of every closure stage (``packages/<stage>/tests/**``) plus
+their maintainer-owned acceptance tests (``specs/<stage>/tests/**``), each
+taken from the base, except a file the PR edited under a line-scoped
+permission (``V=`` added to ``ModelConfig(...)``), which is taken from the
+head: the path check proves that edit harmless, and the base version may no
+longer run. The *PR tests* are the head's test files that the PR added or
+changed; they run too, apart from the reference tests, and must pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from niels_gpt_contracts.gitdiff import Change
+from niels_gpt_contracts.spec import Rule, Spec, compile_patterns
+
+TEST_FILE = compile_patterns(["test_*.py", "*_test.py"])
+
+
+@dataclass
+class Plan:
+    """The runs of one verdict."""
+
+    stage: Spec
+    closure: list[Spec]
+    reference_from_base: list[str] = field(default_factory=list)
+    reference_from_head: list[str] = field(default_factory=list)
+    pr_support: list[str] = field(default_factory=list)  # head files the PR tests may import
+    pr_tests: list[str] = field(default_factory=list)
+
+    @property
+    def reference_files(self) -> list[str]:
+        return sorted({*self.reference_from_base, *self.reference_from_head})
+
+    @property
+    def reference_targets(self) -> list[str]:
+        """The reference test files pytest collects (not helpers)."""
+        return [p for p in self.reference_files if is_test_file(p)]
+
+    def rules(self) -> list[tuple[Spec, Rule]]:
+        return [(s, r) for s in self.closure for r in s.rules if r.runtime]
+
+
+def is_test_file(path: str) -> bool:
+    return path.endswith(".py") and TEST_FILE.match_file(path.rsplit("/", 1)[-1])
+
+
+def closure(stage: Spec, specs: Mapping[str, Spec]) -> list[Spec]:
+    """``stage`` and every stage that depends on it, transitively, in spec order."""
+    found = {stage.id}
+    changed = True
+    while changed:
+        changed = False
+        for spec in specs.values():
+            if spec.id not in found and found & set(spec.depends_on):
+                found.add(spec.id)
+                changed = True
+    return [s for s in specs.values() if s.id in found]
+
+
+def _test_dirs(spec: Spec) -> tuple[str, str]:
+    return f"{spec.package}/tests/", f"{spec.acceptance_dir}/"
+
+
+def make_plan(
+    stage: Spec,
+    specs: Mapping[str, Spec],
+    changes: list[Change],
+    base_files: list[str],
+    head_files: list[str],
+) -> Plan:
+    """Decide the runs from the base's specs, the diff and both trees' file lists."""
+    stages = closure(stage, specs)
+    plan = Plan(stage, stages)
+    changed = {p for c in changes if c.status != "D" for p in (c.path,)}
+    scoped = [s.matcher for s in stage.line_scoped]
+    for spec in stages:
+        for path in base_files:
+            if not path.startswith(_test_dirs(spec)) or not path.endswith(".py"):
+                continue
+            line_edited = path in changed and any(m.match_file(path) for m in scoped)
+            (plan.reference_from_head if line_edited else plan.reference_from_base).append(path)
+    own = f"{stage.package}/tests/"
+    plan.pr_support = sorted(p for p in head_files if p.startswith(own) and p.endswith(".py"))
+    plan.pr_tests = sorted(
+        p
+        for p in changed
+        if is_test_file(p)
+        and "/tests/" in p
+        and p.startswith("packages/")
+        and p not in plan.reference_from_head
+    )
+    plan.pr_support = sorted({*plan.pr_support, *plan.pr_tests})
+    return plan
