@@ -24,7 +24,7 @@ def emitted_ids() -> set[str]:
     found = {
         m.group(1)
         for path in SOURCE.rglob("*.py")
-        if path.name != "result.py"
+        if path.name != "rules.py"
         for m in LITERAL.finditer(path.read_text(encoding="utf-8"))
     }
     return found | {f"mutant.{s}" for s in get_args(MutantStatus) if s != "killed"}

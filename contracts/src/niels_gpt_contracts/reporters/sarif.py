@@ -1,7 +1,7 @@
 """SARIF 2.1.0 for GitHub code scanning: one run; the tool's rules; one
 result per violation.
 
-Rules: every fixed id of ``result.RULES``, and every spec-defined rule of the
+Rules: every fixed id of ``rules.RULES``, and every spec-defined rule of the
 judged stages as ``static.<id>/<stage>`` (two stages may define
 ``static.dependencies`` with different texts: each keeps its own). Each rule
 has a short and a full description and help, as GitHub requires.
