@@ -15,6 +15,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gatekit import Repo, make_repo
+from prkit import PrRepo, make_pr_repo
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -35,5 +36,22 @@ def repo(template_repo: Path, tmp_path: Path) -> Repo:
     dest = tmp_path / "repo"
     shutil.copytree(template_repo, dest, symlinks=True)
     r = Repo(dest)
+    r.branch("pr")
+    return r
+
+
+@pytest.fixture(scope="session")
+def pr_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("pr-template") / "repo"
+    make_pr_repo(root)
+    return root
+
+
+@pytest.fixture
+def pr_repo(pr_template: Path, tmp_path: Path) -> PrRepo:
+    """A fresh copy of the scenario monorepo, on a PR branch ``pr``."""
+    dest = tmp_path / "repo"
+    shutil.copytree(pr_template, dest, symlinks=True)
+    r = PrRepo(dest, tmp_path / "cache")
     r.branch("pr")
     return r

@@ -7,6 +7,7 @@
     contracts check --pre-push                        ... the refs pre-commit pushes
     contracts mutants [--stage S]                     the catalogued bugs must be killed
     contracts pr --base REV [--head REV]              the whole trusted PR verdict
+    contracts prepare [--cache-dir DIR]               build pr's sandbox interpreter ahead
 
 Exit status: 0 every check KEPT; 1 something BROKEN; 2 a usage or
 configuration error (unknown stage, unreadable or malformed spec, base not
@@ -30,6 +31,7 @@ from niels_gpt_contracts.mutants import report as mutants_report
 from niels_gpt_contracts.mutants import runner as mutants_runner
 from niels_gpt_contracts.reporters import FORMATS, renderer, stderr_guard
 from niels_gpt_contracts.result import Result
+from niels_gpt_contracts.sandbox.environment import build
 from niels_gpt_contracts.verdict import pr as pr_verdict
 
 EXIT_KEPT, EXIT_BROKEN, EXIT_ERROR = 0, 1, 2
@@ -118,6 +120,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_mutants_parser(sub)
     _add_pr_parser(sub)
+    prepare = sub.add_parser(
+        "prepare",
+        help="build the sandbox interpreter 'contracts pr' would build, and print its path",
+        description="Build (or find) the virtual environment 'contracts pr' runs the PR's code "
+        "in, from the repository's constraints.txt, under --cache-dir. Trusted CI on the "
+        "default branch runs it to warm the cache that PR runs only read.",
+    )
+    prepare.add_argument("--cache-dir", type=Path, default=Path(".contracts-cache"), metavar="DIR")
+    prepare.add_argument("--repo", type=Path, default=Path(), metavar="DIR")
     return parser
 
 
@@ -275,6 +286,23 @@ def _main_mutants(args: argparse.Namespace) -> int:
     return EXIT_KEPT if result.ok else EXIT_BROKEN
 
 
+def _main_prepare(args: argparse.Namespace) -> int:
+    constraints = args.repo / "constraints.txt"
+    try:
+        text = constraints.read_text(encoding="utf-8")
+        python = build(args.cache_dir.resolve(), text, _progress)
+    except OSError as err:
+        sys.stderr.write(
+            f"contracts: error: {constraints}: expected constraints, found none ({err})\n"
+        )
+        return EXIT_ERROR
+    except ConfigError as err:
+        sys.stderr.write(f"contracts: error: {err}\n")
+        return EXIT_ERROR
+    sys.stdout.write(python + "\n")
+    return EXIT_KEPT
+
+
 def _main_pr(args: argparse.Namespace) -> int:
     render, render_error = renderer(args.format)
     request = pr_verdict.PrRequest(
@@ -347,6 +375,8 @@ def _run(args: argparse.Namespace) -> int:
         return _main_mutants(args)
     if args.command == "pr":
         return _main_pr(args)
+    if args.command == "prepare":
+        return _main_prepare(args)
     render, render_error = renderer(args.format)
 
     def judge() -> Result:

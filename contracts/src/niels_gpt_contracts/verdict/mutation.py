@@ -64,9 +64,14 @@ def run_mutants(
     w: Workspace,
     box: Sandbox,
     request: PrRequest,
+    cache: Cache,
     say: Callable[[str], None],
 ) -> Outcome:
-    """The ``mutants`` row of the verdict."""
+    """The ``mutants`` row of the verdict.
+
+    ``cache`` was read before any of the PR's code ran: kills the PR's code
+    might have written into the cache file since are never believed.
+    """
     stage = p.stage.id
     refs = set(p.reference_files)
     claims = invariants.scan_claims(ctx.base_tree, p.reference_from_base)
@@ -117,8 +122,6 @@ def run_mutants(
         return Outcome(stage, "mutants", KEPT, "no mutants catalogued for the closure")
     say(f"mutants: {sum(len(x.mutants) for x in plans)} of {', '.join(x.stage for x in plans)}")
     opts = Options(repo=request.repo, jobs=request.jobs, progress=say)
-    cache = Cache(request.cache / CACHE_NAME, True)
-    request.cache.mkdir(parents=True, exist_ok=True)
     try:
         result = execute(
             plans,

@@ -1,14 +1,17 @@
 """What a PR verdict runs: which stages, which reference tests, which PR tests.
 
-For a PR of stage ``S`` the *closure* is ``S`` and every stage that depends on
-it, transitively (read from the base's specs). The *reference tests* are the
+For a PR of stage ``S`` the *touched* stages are ``S`` and every stage whose
+source files the PR changes (backbone v1 may edit core's ``config.py``); the
+*closure* is the touched stages and every stage that depends on one of them,
+transitively (read from the base's specs). The *reference tests* are the
 base's test files of every closure stage (``packages/<stage>/tests/**``) plus
 their maintainer-owned acceptance tests (``specs/<stage>/tests/**``), each
 taken from the base, except a file the PR edited under a line-scoped
-permission (``V=`` added to ``ModelConfig(...)``), which is taken from the
-head: the path check proves that edit harmless, and the base version may no
-longer run. The *PR tests* are the head's test files that the PR added or
-changed; they run too, apart from the reference tests, and must pass.
+permission (``V=`` added to ``ModelConfig(...)``) that the path check
+accepted, which is taken from the head: that edit is proven harmless, and the
+base version may no longer run against the PR's code. The *PR tests* are
+the head's test files that the PR added or changed; they run too, apart from
+the reference tests, and must pass.
 """
 
 from __future__ import annotations
@@ -50,9 +53,9 @@ def is_test_file(path: str) -> bool:
     return path.endswith(".py") and TEST_FILE.match_file(path.rsplit("/", 1)[-1])
 
 
-def closure(stage: Spec, specs: Mapping[str, Spec]) -> list[Spec]:
-    """``stage`` and every stage that depends on it, transitively, in spec order."""
-    found = {stage.id}
+def closure(touched: set[str], specs: Mapping[str, Spec]) -> list[Spec]:
+    """The touched stages and every stage that depends on one, transitively, in spec order."""
+    found = set(touched)
     changed = True
     while changed:
         changed = False
@@ -73,11 +76,22 @@ def make_plan(
     changes: list[Change],
     base_files: list[str],
     head_files: list[str],
+    rejected: set[str],
 ) -> Plan:
-    """Decide the runs from the base's specs, the diff and both trees' file lists."""
-    stages = closure(stage, specs)
+    """Decide the runs from the base's specs, the diff and both trees' file lists.
+
+    ``rejected``: paths the path check found violations on (never taken from the head).
+    """
+    touched = {stage.id} | {
+        s.id
+        for s in specs.values()
+        for c in changes
+        for path in c.paths()
+        if path.startswith(f"{s.src}/")
+    }
+    stages = closure(touched, specs)
     plan = Plan(stage, stages)
-    changed = {p for c in changes if c.status != "D" for p in (c.path,)}
+    changed = {c.path for c in changes if c.status != "D"} - rejected
     scoped = [s.matcher for s in stage.line_scoped]
     for spec in stages:
         for path in base_files:

@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,11 +30,12 @@ from typing import Any
 from niels_gpt_contracts.checks import api, devices, gate, invariants, pr_context
 from niels_gpt_contracts.checks.modules import namespaces
 from niels_gpt_contracts.errors import ConfigError
+from niels_gpt_contracts.mutants.runner import Cache
 from niels_gpt_contracts.result import Outcome, Result, Violation
 from niels_gpt_contracts.sandbox import processes, pytest_run, runtime_probe, workspace
 from niels_gpt_contracts.sandbox.environment import Sandbox, build
 from niels_gpt_contracts.verdict import integrity, plan, ratchet, runtime
-from niels_gpt_contracts.verdict.mutation import run_mutants
+from niels_gpt_contracts.verdict.mutation import CACHE_NAME, run_mutants
 
 Say = Callable[[str], None]
 
@@ -164,6 +166,17 @@ def _tests_on(
     return found, runs
 
 
+def _tests_summary(runs: list[pytest_run.PytestRun]) -> str:
+    ref, *pr = runs
+    skipped = len(ratchet.skipped(ref))
+    text = f"{len(ref.tests) - skipped} reference tests pass on the PR's code"
+    if skipped:
+        text += f" ({skipped} skipped, as on the base)"
+    if pr:
+        text += f"; {len(pr[0].tests)} of the PR's own tests pass"
+    return text
+
+
 def _tampered(stage: str, paths: list[str]) -> Outcome:
     message = "changed while the PR's code ran: the PR's code wrote outside its sandbox"
     found = [Violation("sandbox.tampered", p, None, message, stage, "sandbox") for p in paths[:20]]
@@ -178,11 +191,16 @@ def run(request: PrRequest, say: Say) -> Result:
     spec = ctx.spec
     result = ctx.result(request.require_devices)
     gate.judge_pr_static(ctx, result)
-    p = plan.make_plan(spec, ctx.specs, ctx.changes, ctx.base_tree.files(), ctx.head_tree.files())
+    rejected = {v.path for v in result.violations if v.path is not None}
+    p = plan.make_plan(
+        spec, ctx.specs, ctx.changes, ctx.base_tree.files(), ctx.head_tree.files(), rejected
+    )
     gate.add_rule_texts(result, p.closure)
     claims = invariants.scan_claims(ctx.head_tree)
     claims += invariants.scan_claims(ctx.base_tree, p.reference_from_base)
     jobs = max(1, request.jobs or os.cpu_count() or 1)
+    request.cache.mkdir(parents=True, exist_ok=True)
+    kills = Cache(request.cache / CACHE_NAME, True)  # read now, before any PR code runs
     with tempfile.TemporaryDirectory(prefix="contracts-pr-") as tmp:
         w = _write_workspace(ctx, p, Path(tmp))
         constraints = ctx.base_tree.read("constraints.txt") or ""
@@ -209,13 +227,16 @@ def run(request: PrRequest, say: Say) -> Result:
             kept = f"{len(rules)} runtime rule(s) hold"
             result.outcomes.append(_outcome(spec.id, f"runtime:{device}", broken, kept))
             found, runs = _tests_on(runner, p, device, say)
-            kept = f"{sum(len(r.tests) for r in runs)} tests pass on the PR's code"
+            kept = _tests_summary(runs)
             result.outcomes.append(_outcome(spec.id, f"tests:{device}", found, kept))
             required = device in request.require_devices
             report = _device_counts(runs)
             result.outcomes.append(devices.device_outcome(spec, device, report, required))
         if request.mutants:
-            result.outcomes.append(run_mutants(ctx, p, w, box, request, say))
+            result.outcomes.append(run_mutants(ctx, p, w, box, request, kills, say))
         tampered = guard.changes()
+    if tampered and request.python is None:
+        # Never reuse an environment the PR's code may have poisoned.
+        shutil.rmtree(Path(python).parent.parent, ignore_errors=True)
     result.outcomes.append(_tampered(spec.id, tampered))
     return result

@@ -1,0 +1,67 @@
+"""``contracts pr`` accepts honest PRs: the controls of the gate-integrity scenarios."""
+
+from __future__ import annotations
+
+from prkit import PrRepo
+
+MIXER = "packages/mixer/src/ngt/model/mixer.py"
+MIXER_TEST = "packages/mixer/tests/test_mixer.py"
+ATTN = "packages/attention/src/ngt/model/attention.py"
+
+
+def _statuses(out: dict[str, object]) -> dict[str, str]:
+    return {o["check"]: o["status"] for o in out["outcomes"]}  # type: ignore[attr-defined,index]
+
+
+def test_a_docstring_edit_is_kept(pr_repo: PrRepo) -> None:
+    pr_repo.replace(MIXER, "def mix(", '"""Mixing."""\n\n\ndef mix(')
+    pr_repo.pr("mixer")
+    code, out, err = pr_repo.verdict()
+    assert code == 0, (out.get("violations"), err[-2000:])
+    statuses = _statuses(out)
+    for check in ("tests:cpu", "device:cpu", "sandbox", "api", "mutants"):
+        assert statuses[check] == "KEPT", check
+    # The optional accelerator test skips on the base too: that skip stands.
+    assert "skipped" not in " ".join(str(v) for v in out["violations"])
+
+
+def test_a_docstring_edit_in_the_torch_stage_is_kept(pr_repo: PrRepo) -> None:
+    pr_repo.replace(ATTN, "def attend(", "# Explicit attention.\ndef attend(")
+    pr_repo.pr("attention")
+    code, out, err = pr_repo.verdict()
+    assert code == 0, (out.get("violations"), err[-2000:])
+    assert _statuses(out)["runtime:cpu"] == "KEPT"
+
+
+def test_a_new_test_claiming_an_existing_invariant_is_kept(pr_repo: PrRepo) -> None:
+    pr_repo.write(
+        "packages/mixer/tests/test_mixer_more.py",
+        "import pytest\n\nfrom ngt.model.mixer import mix\n\n\n"
+        '@pytest.mark.invariant("mixer.averages")\n'
+        "def test_mix_keeps_a_constant():\n"
+        "    assert mix([3.0, 3.0, 3.0]) == pytest.approx([3.0, 3.0, 3.0])\n",
+    )
+    pr_repo.pr("mixer")
+    code, out, err = pr_repo.verdict()
+    assert code == 0, (out.get("violations"), err[-2000:])
+    tests_row = next(o for o in out["outcomes"] if o["check"] == "tests:cpu")
+    # mixer's and backbone's tests as reference, one skipped as on the base; the new one apart
+    assert tests_row["summary"] == (
+        "5 reference tests pass on the PR's code (1 skipped, as on the base); "
+        "1 of the PR's own tests pass"
+    )
+
+
+def test_making_v_required_and_adding_it_elsewhere_is_kept(pr_repo: PrRepo) -> None:
+    """Seed 004's own PR: V loses its default; other stages' tests gain V=."""
+    core_test = "packages/core/tests/test_config.py"
+    pr_repo.replace("packages/core/src/ngt/config.py", "V: int = 256", "V: int")
+    pr_repo.replace(core_test, "ModelConfig().T", "ModelConfig(V=256).T")
+    pr_repo.replace(core_test, "ModelConfig(T=4)", "ModelConfig(V=256, T=4)")
+    pr_repo.replace(MIXER_TEST, "ModelConfig()", "ModelConfig(V=2)")
+    pr_repo.pr("backbone_v1")
+    code, out, err = pr_repo.verdict()
+    assert code == 0, (out.get("violations"), err[-2000:])
+    tests_row = next(o for o in out["outcomes"] if o["check"] == "tests:cpu")
+    # core's, mixer's and backbone's tests ran: the PR changed core's code.
+    assert tests_row["summary"].startswith("7 reference tests pass"), tests_row
