@@ -45,6 +45,9 @@ DEV_TOOLS = (
     "ruff",
     "import-linter",
     "matplotlib",
+    "xmlschema",
+    "pre-commit",
+    "check-jsonschema",
 )
 DEV_ENV = ROOT / ".nox" / "_shared-dev"
 REPORTS = ROOT / "reports"
@@ -198,10 +201,13 @@ def test_cuda(session: nox.Session) -> None:
 
 @nox.session(venv_backend="none")
 def lint(session: nox.Session) -> None:
-    """ruff check, ruff format --check, and the checker's import layers."""
+    """ruff check, ruff format --check, the checker's import layers, and the
+    GitHub workflows against GitHub's workflow schema (vendored by check-jsonschema)."""
     run_dev(session, "ruff", "check", ".", *session.posargs)
     run_dev(session, "ruff", "format", "--check", ".")
     run_dev(session, "lint-imports", "--config", str(ROOT / "pyproject.toml"))
+    workflows = sorted(str(p) for p in (ROOT / ".github" / "workflows").glob("*.y*ml"))
+    run_dev(session, "check-jsonschema", "--builtin-schema", "vendor.github-workflows", *workflows)
 
 
 @nox.session(venv_backend="none")
@@ -223,6 +229,28 @@ def test_contracts(session: nox.Session) -> None:
         "contracts/tests",
         "--confcutdir=contracts",
         "--numprocesses=auto",
+        "-m",
+        "not hooks",
+        *session.posargs,
+    )
+
+
+@nox.session(name="test-hooks", venv_backend="none")
+def test_hooks(session: nox.Session) -> None:
+    """The pre-commit hooks through pre-commit itself (``hooks`` marker).
+
+    Kept out of ``test-contracts``: pre-commit builds each hook environment
+    from the package index (tens of seconds, and the network), while
+    ``test-contracts`` stays fast and offline.
+    """
+    run_dev(
+        session,
+        "pytest",
+        "contracts/tests",
+        "--confcutdir=contracts",
+        "--numprocesses=auto",
+        "-m",
+        "hooks",
         *session.posargs,
     )
 

@@ -18,6 +18,13 @@ from gatekit import Repo, make_repo
 from prkit import PrRepo, make_pr_repo
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "hooks: runs pre-commit end to end (installs from the package index; nox -s test-hooks)",
+    )
+
+
 @pytest.fixture(scope="session")
 def template_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_repo(tmp_path_factory.mktemp("template") / "repo").root

@@ -12,6 +12,7 @@ The layout mirrors niels_gpt (stage packages under ``packages/``, specs under
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import json
 import os
@@ -20,9 +21,12 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from jsonschema import Draft202012Validator
+
 from niels_gpt_contracts.cli import main
 
 SCHEMA = Path(__file__).resolve().parents[2] / "specs" / "spec.schema.json"
+REPORT_SCHEMA = SCHEMA.with_name("report.schema.json")
 
 ALPHA_SPEC = """\
 #:schema ./spec.schema.json
@@ -216,6 +220,27 @@ def pyproject(name: str, deps: list[str]) -> str:
     return f'[project]\nname = "{name}"\nversion = "0.1.0"\ndependencies = [{quoted}]\n'
 
 
+@functools.cache
+def _report_validator() -> Draft202012Validator:
+    schema = json.loads(REPORT_SCHEMA.read_text(encoding="utf-8"))
+    Draft202012Validator.check_schema(schema)
+    return Draft202012Validator(schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
+
+
+def valid_report(text: str) -> dict[str, Any]:
+    """A ``--format json`` report, parsed, after it passes ``specs/report.schema.json``.
+
+    Every JSON report a test reads goes through here, so each one is held to
+    the published schema.
+    """
+    payload: dict[str, Any] = json.loads(text)
+    errors = sorted(_report_validator().iter_errors(payload), key=lambda e: list(e.path))
+    assert not errors, "report does not match specs/report.schema.json: " + "; ".join(
+        f"{'/'.join(map(str, e.path)) or '(root)'}: {e.message}" for e in errors
+    )
+    return payload
+
+
 class Repo:
     """A temporary git repository and the gate run against it."""
 
@@ -267,7 +292,7 @@ class Repo:
 
     def gate_json(self, *args: str) -> tuple[int, dict[str, Any]]:
         code, out, err = self.gate(*args, "--format", "json")
-        return code, json.loads(out) if out else {"stderr": err}
+        return code, valid_report(out) if out else {"stderr": err}
 
 
 def make_repo(root: Path) -> Repo:

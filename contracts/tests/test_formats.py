@@ -51,7 +51,7 @@ def test_sarif(repo: Repo) -> None:
     assert doc["version"] == "2.1.0"
     run = doc["runs"][0]
     ids = [r["id"] for r in run["tool"]["driver"]["rules"]]
-    assert "path.not-allowed" in ids and "static.dependencies" in ids
+    assert "path.not-allowed" in ids and "static.dependencies/alpha" in ids
     uris = {
         r["locations"][0]["physicalLocation"]["artifactLocation"]["uri"] for r in run["results"]
     }

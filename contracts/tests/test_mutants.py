@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from gatekit import valid_report
 
 from niels_gpt_contracts.cli import main
 
@@ -129,7 +130,7 @@ def gate(root: Path, *args: str) -> tuple[int, dict[str, Any]]:
     out = io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
         code = main(["mutants", "--repo", str(root), "--format", "json", *args])
-    return code, json.loads(out.getvalue())
+    return code, valid_report(out.getvalue())
 
 
 def statuses(payload: dict[str, Any]) -> dict[str, tuple[str, bool]]:

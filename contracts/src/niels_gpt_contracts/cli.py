@@ -4,6 +4,7 @@
     contracts check --reports reports                 ... plus invariant x device
     contracts check --stage S --base REV [--head REV] the PR gate for stage S
     contracts check --base REV                        ... stage from 'Stage:' trailers
+    contracts check --pre-push                        ... the refs pre-commit pushes
     contracts mutants [--stage S]                     the catalogued bugs must be killed
     contracts pr --base REV [--head REV]              the whole trusted PR verdict
     contracts prepare [--cache-dir DIR]               build pr's sandbox interpreter ahead
@@ -16,6 +17,7 @@ found, not a git repository, bad report). An error never exits 0.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import traceback
 from collections.abc import Callable, Sequence
@@ -27,12 +29,15 @@ from niels_gpt_contracts.checks.gate import Request, run
 from niels_gpt_contracts.errors import ConfigError, SpecErrors
 from niels_gpt_contracts.mutants import report as mutants_report
 from niels_gpt_contracts.mutants import runner as mutants_runner
-from niels_gpt_contracts.reporters import FORMATS, renderer
+from niels_gpt_contracts.reporters import FORMATS, renderer, stderr_guard
 from niels_gpt_contracts.result import Result
 from niels_gpt_contracts.sandbox.environment import build
 from niels_gpt_contracts.verdict import pr as pr_verdict
 
 EXIT_KEPT, EXIT_BROKEN, EXIT_ERROR = 0, 1, 2
+# What pre-commit's pre-push stage sets: the remote's old tip (or the parent of
+# the first commit the remote lacks) and the local commit being pushed.
+PRE_PUSH_REFS = ("PRE_COMMIT_FROM_REF", "PRE_COMMIT_TO_REF")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -101,6 +106,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=(),
         metavar="D[,D]",
         help="devices that must have verified every invariant (NOT RUN fails)",
+    )
+    check.add_argument(
+        "--pre-push",
+        action="store_true",
+        help="gate what is being pushed: --base $PRE_COMMIT_FROM_REF --head "
+        "$PRE_COMMIT_TO_REF, as pre-commit's pre-push stage sets them (exit 2 if unset)",
     )
     check.add_argument("--format", choices=sorted(FORMATS), default="text")
     _add_output_and_repo(check)
@@ -218,6 +229,28 @@ def _add_mutants_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
     _add_output_and_repo(mutants)
 
 
+def _pre_push_refs(base: str | None, head: str | None) -> tuple[str, str]:
+    """``(base, head)`` from pre-commit's pre-push variables; fails closed.
+
+    A push of a branch whose history the remote lacks entirely (its root
+    commit) gets no refs from pre-commit: there is no base to judge against.
+    """
+    if base or head:
+        raise ConfigError(
+            f"--pre-push: expected no --base/--head beside it (pre-commit gives the refs), "
+            f"found --base {base!r} --head {head!r}"
+        )
+    refs = [os.environ.get(name, "").strip() for name in PRE_PUSH_REFS]
+    missing = [name for name, ref in zip(PRE_PUSH_REFS, refs, strict=True) if not ref]
+    if missing:
+        raise ConfigError(
+            f"--pre-push: expected {' and '.join(PRE_PUSH_REFS)} from pre-commit's pre-push "
+            f"stage, found {' and '.join(missing)} unset or empty (pushing a root commit gives "
+            "no base; run the gate with --base, or skip the hook with SKIP=contracts-pr)"
+        )
+    return refs[0], refs[1]
+
+
 def _progress(line: str) -> None:
     sys.stderr.write(line + "\n")
     sys.stderr.flush()
@@ -333,6 +366,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if reconfigure is not None:
             reconfigure(errors="backslashreplace")
     args = build_parser().parse_args(argv)
+    with stderr_guard(getattr(args, "format", "text")):
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.command == "mutants":
         return _main_mutants(args)
     if args.command == "pr":
@@ -340,17 +378,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "prepare":
         return _main_prepare(args)
     render, render_error = renderer(args.format)
-    request = Request(
-        repo=args.repo,
-        stage=args.stage,
-        base=args.base,
-        head=args.head,
-        reports_dir=args.reports,
-        report_files=list(args.report),
-        require_devices=args.require_device,
-        api=not args.no_api,
-    )
-    return _judged(lambda: run(request), render, render_error, args)
+
+    def judge() -> Result:
+        if args.pre_push:
+            args.base, args.head = _pre_push_refs(args.base, args.head)
+        request = Request(
+            repo=args.repo,
+            stage=args.stage,
+            base=args.base,
+            head=args.head,
+            reports_dir=args.reports,
+            report_files=list(args.report),
+            require_devices=args.require_device,
+            api=not args.no_api,
+        )
+        return run(request)
+
+    return _judged(judge, render, render_error, args)
 
 
 if __name__ == "__main__":

@@ -2,8 +2,9 @@
 
 A run produces ``Outcome`` rows (one per stage and check, each KEPT, BROKEN or
 NOT RUN) and the ``Violation`` records behind the BROKEN ones. Rule ids are
-stable strings: the fixed ones are listed in ``RULES``; a spec's static rule
-``<id>`` appears as ``static.<id>``.
+stable strings, described in ``niels_gpt_contracts.rules`` (re-exported here):
+the fixed ones in ``RULES``, a spec's rule ``<id>`` (``static.<id>``,
+``runtime.<id>``) by the spec that defines it (``SpecRule``), stage by stage.
 """
 
 from __future__ import annotations
@@ -11,62 +12,32 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from niels_gpt_contracts.rules import RULES, SPEC_RULE_KINDS, RuleDoc, SpecRule, unregistered
+
+__all__ = [
+    "BROKEN",
+    "KEPT",
+    "NOT_RUN",
+    "REPORT_SCHEMA_VERSION",
+    "RULES",
+    "SPEC_RULE_KINDS",
+    "Outcome",
+    "Result",
+    "RuleDoc",
+    "SpecRule",
+    "Status",
+    "Violation",
+    "unregistered",
+]
+
 Status = Literal["KEPT", "BROKEN", "NOT RUN"]
 KEPT: Status = "KEPT"
 BROKEN: Status = "BROKEN"
 NOT_RUN: Status = "NOT RUN"
 
-# Fixed rule ids and what each one guards (SARIF rule descriptions).
-RULES: dict[str, str] = {
-    "path.meta": "Meta paths (specs/, contracts/, CI, nox, constraints, root pyproject) "
-    "belong to no stage; no stage PR may change them.",
-    "path.forbidden": "The path matches the stage's must_not_change patterns.",
-    "path.not-allowed": "The path matches none of the stage's may_change patterns.",
-    "path.line-scope": "The file may change only on lines its line-scoped permission allows.",
-    "path.autoload": "A stage PR adds or changes code that Python or pytest loads without an "
-    "import: conftest.py, sitecustomize.py, *.pth, ini files, entry points, build hooks.",
-    "path.symlink": "A stage PR adds or changes a symbolic link; stages ship regular files.",
-    "module.unlisted": "A file under the stage's src/ is not among the modules its spec lists.",
-    "module.shadowed": "A file under the stage's src/ sits at the path of a module another "
-    "stage owns.",
-    "module.missing": "A module the stage's spec lists is absent.",
-    "module.undeclared-import": "A stage module imports a module of a stage it does not "
-    "depend on (or of no stage).",
-    "source.import": "A stage module imports outside the allowed modules (the stages' "
-    "namespace, public torch, pure-computation stdlib).",
-    "source.dynamic": "A stage module builds names or code at run time, or reaches "
-    "interpreter internals, so its behaviour cannot be read from its source.",
-    "api.missing": "A public object the spec lists cannot be imported.",
-    "api.kind": "A public object is not of the kind the spec says.",
-    "api.signature": "A public signature differs from the spec (names, kinds, defaults, "
-    "annotations).",
-    "api.exports": "A module does not export exactly the names the spec lists.",
-    "api.fields": "A class does not declare exactly the annotated fields the spec lists.",
-    "api.identity": "A re-exported object is not the very object the spec names.",
-    "api.probe": "The API could not be inspected (import or probe failure).",
-    "api.source": "The signature inspect reports differs from the def that runs (an assigned "
-    "__signature__, a hiding decorator), or the running code is not in the tree.",
-    "invariant.unclaimed": "A spec invariant is claimed by no test.",
-    "invariant.unknown": "A test claims an invariant id that no spec declares.",
-    "invariant.malformed": "An invariant marker is not a single string literal '<stage>.<id>'.",
-    "stage.unspecified": "A stage package under packages/ has no spec in specs/.",
-    "tests.failed": "A reference test (the base's, or a maintainer's acceptance test) or one "
-    "of the PR's own tests fails on the PR's code.",
-    "tests.skipped": "A reference test skips on the PR's code but runs on the base's code.",
-    "tests.missing": "A reference test the base collects never runs on the PR's code.",
-    "tests.error": "A test run of the verdict could not be read (collection error, time limit, "
-    "no report); nothing it would have proved counts.",
-    "mutant.survived": "A catalogued bug of the stage survives its tests.",
-    "mutant.stale": "A catalogued bug no longer applies to the code (its find text is gone).",
-    "mutant.error": "A mutant run failed for a reason other than a test failure.",
-    "sandbox.tampered": "A file of the checker, of the sandbox interpreter or of the verdict's "
-    "workspace changed while the PR's code ran.",
-    "device.failed": "A test claiming the invariant failed on the device.",
-    "device.incomplete": "The device run ended in error before the invariant was verified.",
-    "device.not-run": "The invariant was not verified on a device the run requires.",
-    "device.stale": "The device report was produced from another tree than the one judged.",
-    "device.partial": "The device report covers a narrowed test selection (-k, -m, node ids, -x).",
-}
+# Version of the JSON report (``--format json`` of ``check`` and ``mutants``)
+# that ``specs/report.schema.json`` describes; bump both together.
+REPORT_SCHEMA_VERSION = 1
 
 
 @dataclass(frozen=True)
@@ -111,7 +82,8 @@ class Result:
             ``None`` for the working tree).
         changed_paths: how many paths the PR changed (PR gate only).
         required_devices: devices whose NOT RUN counts as BROKEN.
-        rule_texts: descriptions of spec-defined rule ids (``static.<id>``).
+        spec_rules: the spec-defined rules of the judged stages, by
+            ``(stage, rule id)``; they describe ``static.<id>`` stage by stage.
     """
 
     mode: Literal["tree", "pr"]
@@ -122,7 +94,7 @@ class Result:
     merge_base: str | None = None
     changed_paths: int | None = None
     required_devices: tuple[str, ...] = ()
-    rule_texts: dict[str, str] = field(default_factory=dict)
+    spec_rules: dict[tuple[str, str], SpecRule] = field(default_factory=dict)
 
     @property
     def violations(self) -> list[Violation]:
@@ -136,5 +108,27 @@ class Result:
         rows = [o for o in self.outcomes if o.stage == stage]
         return BROKEN if any(o.status == BROKEN for o in rows) else KEPT
 
-    def rule_text(self, rule: str) -> str:
-        return RULES.get(rule) or self.rule_texts.get(rule) or rule
+    def add_spec_rule(self, rule: SpecRule) -> None:
+        self.spec_rules[(rule.stage, rule.rule)] = rule
+
+    def spec_rule(self, rule: str, stage: str, path: str | None = None) -> SpecRule | None:
+        """The spec rule behind a violation of ``rule`` reported under ``stage``.
+
+        A stage's own rule first; else (a rule of a stage the reported one
+        depends on, judged at run time) the one whose spec is ``path``, or
+        the only rule with that id.
+        """
+        own = self.spec_rules.get((stage, rule))
+        if own is not None or rule in RULES:
+            return own
+        same = [r for r in self.spec_rules.values() if r.rule == rule]
+        at_path = [r for r in same if r.spec_path == path]
+        found = at_path or same
+        return found[0] if len(found) == 1 else None
+
+    def rule_doc(self, rule: str, stage: str, path: str | None = None) -> RuleDoc:
+        """How ``rule`` is described for a violation reported under ``stage``."""
+        own = self.spec_rule(rule, stage, path)
+        if own is not None:
+            return own.doc()
+        return RULES.get(rule) or unregistered(rule)

@@ -31,7 +31,7 @@ from niels_gpt_contracts.checks import (
 from niels_gpt_contracts.checks.loading import load_specs, pick
 from niels_gpt_contracts.errors import ConfigError
 from niels_gpt_contracts.gitdiff import GitRepo, Tree, WorkingTree
-from niels_gpt_contracts.result import BROKEN, KEPT, NOT_RUN, Outcome, Result, Violation
+from niels_gpt_contracts.result import BROKEN, KEPT, NOT_RUN, Outcome, Result, SpecRule, Violation
 from niels_gpt_contracts.spec import Spec
 
 
@@ -175,11 +175,12 @@ def judge_pr_static(ctx: pr_context.PrContext, result: Result) -> None:
 
 
 def add_rule_texts(result: Result, specs: list[Spec]) -> None:
+    """Register each spec's own rules, so reports describe them stage by stage."""
     for spec in specs:
         for rule in spec.rules:
-            result.rule_texts[rule.rule_id] = rule.message
-        for scope in spec.line_scoped:
-            result.rule_texts.setdefault("path.line-scope", scope.description)
+            result.add_spec_rule(
+                SpecRule(spec.id, rule.rule_id, rule.kind, rule.message, spec.path, rule.line)
+            )
 
 
 def run(request: Request) -> Result:

@@ -1,10 +1,11 @@
 """Text and JSON output of a mutant run.
 
 Text: one ``MUTANT <stage>.<id> <status> (<reason>)`` line a mutant, then
-``killed K/N``. JSON: ``{"ok", "mode": "mutants", "stages", "clean",
-"mutants", "violations", "summary"}``; ``violations`` has the gate's shape
-(rule ``mutant.survived``, ``mutant.stale`` or ``mutant.error``, placed on
-the mutant's line in its spec).
+``killed K/N``. JSON (``specs/report.schema.json``): ``{"schema_version",
+"ok", "mode": "mutants", "stages", "clean", "mutants", "violations",
+"summary"}``; ``violations`` has the gate's shape (rule ``mutant.survived``,
+``mutant.stale`` or ``mutant.error``, placed on the mutant's line in its
+spec).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import json
 from dataclasses import asdict
 
 from niels_gpt_contracts.mutants.runner import MutantsResult, Verdict
-from niels_gpt_contracts.result import Violation
+from niels_gpt_contracts.result import REPORT_SCHEMA_VERSION, Violation
 
 
 def _reason(v: Verdict) -> str:
@@ -55,6 +56,7 @@ def render_text(result: MutantsResult) -> str:
 
 def render_json(result: MutantsResult) -> str:
     payload = {
+        "schema_version": REPORT_SCHEMA_VERSION,
         "ok": result.ok,
         "mode": "mutants",
         "stages": result.stages,
@@ -84,4 +86,11 @@ def render_json(result: MutantsResult) -> str:
 
 
 def render_error(message: str) -> str:
-    return json.dumps({"ok": False, "mode": "mutants", "error": message, "violations": []}) + "\n"
+    payload = {
+        "schema_version": REPORT_SCHEMA_VERSION,
+        "ok": False,
+        "mode": "mutants",
+        "error": message,
+        "violations": [],
+    }
+    return json.dumps(payload) + "\n"

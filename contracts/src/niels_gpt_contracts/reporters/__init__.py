@@ -5,7 +5,9 @@ GitHub workflow commands. Each module has ``render(result)`` and
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from types import ModuleType
 
 from niels_gpt_contracts.reporters import github, json_report, junit, sarif, text
@@ -23,3 +25,14 @@ FORMATS: dict[str, ModuleType] = {
 def renderer(fmt: str) -> tuple[Callable[[Result], str], Callable[[str], str]]:
     module = FORMATS[fmt]
     return module.render, module.render_error
+
+
+def stderr_guard(fmt: str) -> AbstractContextManager[None]:
+    """What stderr must pass through while a run reports in ``fmt``.
+
+    In the ``github`` format the Actions runner reads stderr for workflow
+    commands as it reads stdout, so every line written there (errors,
+    tracebacks, both carrying untrusted text) is made inert; other formats
+    leave stderr as it is.
+    """
+    return github.inert_stderr() if fmt == "github" else contextlib.nullcontext()

@@ -2,7 +2,45 @@
 
 from __future__ import annotations
 
+import unicodedata
+
 from niels_gpt_contracts.result import BROKEN, KEPT, NOT_RUN, Result, Violation
+
+# Characters that change how a line reads rather than what it says: bidi
+# embeddings, overrides and isolates ("Trojan Source"), and the marks.
+# U+FFFE and U+FFFF are no characters at all (and XML 1.0 cannot hold them).
+_ESCAPED = frozenset(
+    "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\ufffe\uffff"
+)
+_SHORT = {"\t": "\\t", "\n": "\\n", "\r": "\\r"}
+
+
+def _escape(c: str) -> str:
+    if c in _SHORT:
+        return _SHORT[c]
+    code = ord(c)
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
+def printable(text: str) -> str:
+    """``text`` as one visible line: control characters (TAB, CR, LF as
+    ``\\t``, ``\\r``, ``\\n``; the rest of C0 and C1, DEL as ``\\xNN``),
+    line and paragraph separators, lone surrogates (undecodable bytes of a
+    file name), bidi controls and the noncharacters U+FFFE/U+FFFF become
+    escapes; everything else is kept as it is.
+
+    Human-facing formats (text, GitHub, JUnit) pass untrusted text (file
+    names, messages) through this, so a name can neither start a new log line
+    nor restyle or reorder the one it is on.
+    """
+    if text.isprintable():  # the common case; every escaped character is unprintable
+        return text
+    return "".join(
+        _escape(c) if unicodedata.category(c) in ("Cc", "Cs", "Zl", "Zp") or c in _ESCAPED else c
+        for c in text
+    )
 
 
 def ordered(violations: list[Violation]) -> list[Violation]:

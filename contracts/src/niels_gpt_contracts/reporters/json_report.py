@@ -1,4 +1,6 @@
-"""JSON: ``{"ok", "mode", "stages", "outcomes", "violations", "summary", ...}``.
+"""JSON: ``{"schema_version", "ok", "mode", "stages", "outcomes", "violations",
+"summary", ...}``, described by ``specs/report.schema.json`` (whose version
+is ``schema_version``).
 
 Each violation has ``rule``, ``path``, ``line`` (or null), ``message``,
 ``stage``, ``check`` and ``changed``. An error run prints ``"ok": false`` and
@@ -11,11 +13,12 @@ import json
 from dataclasses import asdict
 
 from niels_gpt_contracts.reporters.common import ordered, summary
-from niels_gpt_contracts.result import Result
+from niels_gpt_contracts.result import REPORT_SCHEMA_VERSION, Result
 
 
 def render(result: Result) -> str:
     payload = {
+        "schema_version": REPORT_SCHEMA_VERSION,
         "ok": result.ok,
         "mode": result.mode,
         "stages": {s: result.stage_status(s) for s in result.stages},
@@ -34,4 +37,10 @@ def render(result: Result) -> str:
 
 
 def render_error(message: str) -> str:
-    return json.dumps({"ok": False, "error": message, "violations": []}, indent=2) + "\n"
+    payload = {
+        "schema_version": REPORT_SCHEMA_VERSION,
+        "ok": False,
+        "error": message,
+        "violations": [],
+    }
+    return json.dumps(payload, indent=2) + "\n"

@@ -1,62 +1,140 @@
-"""SARIF 2.1.0: one run, the rule ids as the tool's rules (stable: the fixed
-ids of ``result.RULES`` and ``static.<spec rule id>``), one result per
-violation with its file and line."""
+"""SARIF 2.1.0 for GitHub code scanning: one run; the tool's rules; one
+result per violation.
+
+Rules: every fixed id of ``rules.RULES``, and every spec-defined rule of the
+judged stages as ``static.<id>/<stage>`` (two stages may define
+``static.dependencies`` with different texts: each keeps its own). Each rule
+has a short and a full description and help, as GitHub requires.
+
+Results: the rule, the message, a location (a violation about no file points
+at its stage's spec; a file-level one at line 1, since GitHub requires a
+start line) and a ``partialFingerprints`` entry, so two violations on one
+line stay two alerts.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import json
+from collections import Counter
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 from urllib.parse import quote
 
 from niels_gpt_contracts.reporters.common import ordered, summary
-from niels_gpt_contracts.result import RULES, Result
+from niels_gpt_contracts.result import RULES, Result, RuleDoc, Violation
+from niels_gpt_contracts.spec import spec_path
 
 SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 TOOL = "niels-gpt-contracts"
+INFORMATION_URI = "https://github.com/niels-gpt/niels_gpt/tree/main/contracts"
+FINGERPRINT = "contractsViolation/v1"
+
+
+def tool_version() -> str:
+    try:
+        return version(TOOL)
+    except PackageNotFoundError:  # run from a source tree that is not installed
+        return "0+unknown"
 
 
 def _uri(path: str) -> str:
     return quote(path.encode("utf-8", "surrogateescape"), safe="/")
 
 
-def _driver(rule_ids: list[str], result: Result | None) -> dict[str, Any]:
+def _sentence(text: str) -> str:
+    text = text.strip()
+    return text if text.endswith((".", "!", "?")) else f"{text}."
+
+
+def _name(rule_id: str) -> str:
+    """``static.no-sdpa/attention`` -> ``StaticNoSdpaAttention``."""
+    parts = rule_id.replace("/", ".").replace("-", ".").replace("_", ".").split(".")
+    return "".join(p[:1].upper() + p[1:] for p in parts if p)
+
+
+def _descriptor(rule_id: str, doc: RuleDoc) -> dict[str, Any]:
+    return {
+        "id": rule_id,
+        "name": _name(rule_id),
+        "shortDescription": {"text": _sentence(doc.short)},
+        "fullDescription": {"text": _sentence(doc.full)},
+        "help": {"text": _sentence(doc.help)},
+        "defaultConfiguration": {"level": "error"},
+        "properties": {"tags": ["contracts", rule_id.split(".", 1)[0]]},
+    }
+
+
+def rule_id(result: Result, v: Violation) -> str:
+    """The SARIF rule id of ``v``: a spec-defined rule is qualified by the
+    stage whose spec defines it."""
+    own = result.spec_rule(v.rule, v.stage, v.path)
+    return f"{v.rule}/{own.stage}" if own is not None else v.rule
+
+
+def _rules(result: Result, violations: list[Violation]) -> list[dict[str, Any]]:
+    docs: dict[str, RuleDoc] = dict(RULES)
+    for (stage, rule), spec_rule in result.spec_rules.items():
+        docs[f"{rule}/{stage}"] = spec_rule.doc()
+    for v in violations:
+        docs.setdefault(rule_id(result, v), result.rule_doc(v.rule, v.stage, v.path))
+    return [_descriptor(rid, docs[rid]) for rid in sorted(docs)]
+
+
+def _driver(rules: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "name": TOOL,
-        "informationUri": "https://github.com/niels-gpt/niels_gpt/tree/main/contracts",
-        "rules": [
-            {
-                "id": rid,
-                "name": rid.replace(".", "-"),
-                "shortDescription": {"text": result.rule_text(rid) if result else RULES[rid]},
-                "defaultConfiguration": {"level": "error"},
-            }
-            for rid in rule_ids
-        ],
+        "version": tool_version(),
+        "informationUri": INFORMATION_URI,
+        "rules": rules,
     }
+
+
+def _location(result: Result, v: Violation) -> list[dict[str, Any]]:
+    path = v.path
+    if path is None and v.stage in result.stages:
+        path = spec_path(v.stage)
+    if path is None:
+        return []
+    return [
+        {
+            "physicalLocation": {
+                "artifactLocation": {"uri": _uri(path), "uriBaseId": "%SRCROOT%"},
+                "region": {"startLine": v.line if v.line is not None else 1},
+            }
+        }
+    ]
+
+
+def _fingerprint(v: Violation, seen: Counter[tuple[str, ...]]) -> str:
+    key = (v.rule, v.stage, v.check, v.path or "", v.message)
+    seen[key] += 1
+    raw = "\0".join((*key, str(seen[key])))
+    return hashlib.sha256(raw.encode("utf-8", "surrogateescape")).hexdigest()
 
 
 def render(result: Result) -> str:
     violations = ordered(result.violations)
-    rule_ids = sorted({*RULES, *result.rule_texts, *(v.rule for v in violations)})
-    index = {rid: i for i, rid in enumerate(rule_ids)}
+    rules = _rules(result, violations)
+    index = {r["id"]: i for i, r in enumerate(rules)}
+    seen: Counter[tuple[str, ...]] = Counter()
     results: list[dict[str, Any]] = []
     for v in violations:
+        rid = rule_id(result, v)
         item: dict[str, Any] = {
-            "ruleId": v.rule,
-            "ruleIndex": index[v.rule],
+            "ruleId": rid,
+            "ruleIndex": index[rid],
             "level": "error",
             "message": {"text": f"[{v.stage}/{v.check}] {v.message}"},
+            "partialFingerprints": {FINGERPRINT: _fingerprint(v, seen)},
+            "properties": {"stage": v.stage, "check": v.check, "changed": v.changed},
         }
-        if v.path is not None:
-            physical: dict[str, Any] = {
-                "artifactLocation": {"uri": _uri(v.path), "uriBaseId": "%SRCROOT%"}
-            }
-            if v.line is not None:
-                physical["region"] = {"startLine": v.line}
-            item["locations"] = [{"physicalLocation": physical}]
+        locations = _location(result, v)
+        if locations:
+            item["locations"] = locations
         results.append(item)
     run = {
-        "tool": {"driver": _driver(rule_ids, result)},
+        "tool": {"driver": _driver(rules)},
         "invocations": [
             {
                 "executionSuccessful": True,
@@ -71,8 +149,9 @@ def render(result: Result) -> str:
 
 
 def render_error(message: str) -> str:
+    rules = [_descriptor(rid, doc) for rid, doc in sorted(RULES.items())]
     run = {
-        "tool": {"driver": _driver([], None)},
+        "tool": {"driver": _driver(rules)},
         "invocations": [
             {
                 "executionSuccessful": False,

@@ -1,13 +1,16 @@
 """Plain text: one KEPT/BROKEN/NOT RUN line per stage and check, the
-violations under their row, and a summary line."""
+violations under their row, and a summary line. Every line goes through
+``printable``, so a file name or message can never break a line or carry
+terminal control sequences."""
 
 from __future__ import annotations
 
-from niels_gpt_contracts.reporters.common import location, ordered, summary
+from niels_gpt_contracts.reporters.common import location, ordered, printable, summary
 from niels_gpt_contracts.result import Result
 
 
-def render(result: Result) -> str:
+def lines(result: Result) -> list[str]:
+    """The report, one printable line each (no line breaks inside)."""
     out: list[str] = []
     if result.mode == "pr":
         head = result.head[:12] if result.head else "the working tree"
@@ -24,8 +27,12 @@ def render(result: Result) -> str:
         for v in ordered(o.violations):
             out.append(f"    {location(v)}: {v.rule}: {v.message}")
     out.append(summary(result))
-    return "\n".join(out) + "\n"
+    return [printable(line) for line in out]
+
+
+def render(result: Result) -> str:
+    return "\n".join(lines(result)) + "\n"
 
 
 def render_error(message: str) -> str:
-    return f"contracts: error: {message}\n"
+    return f"contracts: error: {printable(message)}\n"

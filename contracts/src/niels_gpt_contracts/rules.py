@@ -1,0 +1,324 @@
+"""The rule registry: what every rule id means.
+
+Each fixed id has one ``RuleDoc`` in ``RULES``: a short text, a full
+description and help on mending a breach (SARIF shows all three). A rule a
+stage's spec defines (``static.<id>``, ``runtime.<id>``) is described by that
+spec, stage by stage (``SpecRule``): two stages may define the same id with
+different texts. A new fixed id is one entry in ``RULES``; a test fails while
+an id the checker emits is unregistered.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class RuleDoc:
+    """What a rule id means, as SARIF shows it.
+
+    ``short``: one line naming the breach; ``full``: what the rule guards and
+    why; ``help``: how to mend a breach.
+    """
+
+    short: str
+    full: str
+    help: str
+
+
+_GATE_FROM_BASE = (
+    "The gate reads the stage's spec from the PR's base revision, so a PR cannot loosen "
+    "its own rules."
+)
+
+# Every fixed rule id, one entry each. A new id needs one entry here (the
+# tests check that every id the checker can emit is registered).
+RULES: dict[str, RuleDoc] = {
+    "path.meta": RuleDoc(
+        "A stage PR changed a meta path.",
+        "Meta paths (specs/, contracts/, .github/, .ci/, noxfile.py, constraints.txt, the "
+        "root pyproject.toml, .pre-commit-hooks.yaml) decide how every stage is judged, so "
+        "they belong to no stage and no stage PR may add, change or delete them.",
+        "Move the meta change into its own PR, which a maintainer reviews and merges; keep "
+        "the stage PR to the stage's own paths.",
+    ),
+    "path.forbidden": RuleDoc(
+        "The PR changed a path the stage must not change.",
+        "The path matches the stage's must_not_change patterns, which win over every "
+        "permission. " + _GATE_FROM_BASE,
+        "Revert the change to this path; if the stage really needs it, change the spec "
+        "first in a separate, reviewed PR.",
+    ),
+    "path.not-allowed": RuleDoc(
+        "The PR changed a path outside the stage's allowlist.",
+        "The path matches none of the stage's may_change patterns nor a line-scoped "
+        "permission. " + _GATE_FROM_BASE,
+        "Revert the change, or move it to a PR of the stage that owns the path.",
+    ),
+    "path.line-scope": RuleDoc(
+        "A file changed beyond what its line-scoped permission allows.",
+        "Some files outside the stage may change only on certain lines (for example: only "
+        "to add a keyword argument to a call). Both versions are parsed and compared; "
+        "every other line must stay identical, and the file may only be edited in place.",
+        "Undo the edits the permission does not cover (the message names the permission "
+        "and what it allows); keep the file's path and type.",
+    ),
+    "path.autoload": RuleDoc(
+        "A stage PR adds or changes code that loads without an import.",
+        "Python and pytest run some files by their name or place alone: conftest.py, "
+        "sitecustomize.py, usercustomize.py, *.pth, pytest and tox ini sections, entry "
+        "points, build hooks. A stage PR must not bring any, or its code would run inside "
+        "the checker's own test runs.",
+        "Remove the file or table; put the code in a module that is imported explicitly.",
+    ),
+    "path.symlink": RuleDoc(
+        "A stage PR adds or changes a symbolic link.",
+        "A link can make one path read another file than the one judged, so stages ship "
+        "regular files only.",
+        "Replace the link by a regular file.",
+    ),
+    "module.unlisted": RuleDoc(
+        "A file under the stage's src/ is not a module its spec lists.",
+        "A stage owns exactly the modules its spec lists; an unlisted file would ship "
+        "code nothing judges.",
+        "Remove the file, or list the module in the spec (a maintainer change).",
+    ),
+    "module.shadowed": RuleDoc(
+        "A stage file sits at the path of another stage's module.",
+        "Two distributions must never own the same file: one would overwrite or shadow "
+        "the other when both are installed.",
+        "Move the code into a module the stage owns.",
+    ),
+    "module.missing": RuleDoc(
+        "A module the stage's spec lists is absent.",
+        "Every module the spec lists must exist under the stage's src/.",
+        "Restore the module at the path the spec lists.",
+    ),
+    "module.undeclared-import": RuleDoc(
+        "A stage module imports a stage it does not depend on.",
+        "A stage may import only the stages in its depends_on (and their own dependencies), "
+        "so that installing one stage brings everything it needs and nothing more.",
+        "Drop the import, or declare the dependency in the spec (a maintainer change).",
+    ),
+    "source.import": RuleDoc(
+        "A stage module imports outside the allowed modules.",
+        "Stage code may import the stages' namespace, public torch and pure-computation "
+        "standard library modules only, so what it does can be read from its source.",
+        "Replace the import by one of the allowed modules.",
+    ),
+    "source.dynamic": RuleDoc(
+        "A stage module builds names or code at run time.",
+        "Code built at run time (eval, exec, getattr with computed names, interpreter "
+        "internals) hides what runs from every static check.",
+        "Write the code out so that it reads as what it does.",
+    ),
+    "api.missing": RuleDoc(
+        "A public object the spec lists cannot be imported.",
+        "Each object in the stage spec's API must import from its listed module path, in "
+        "a fresh interpreter over the tree's packages.",
+        "Restore the object at the import path the spec names (or fix the import error "
+        "the message shows).",
+    ),
+    "api.kind": RuleDoc(
+        "A public object is not of the kind the spec says.",
+        "The spec lists each public object as a module, a function or a class; the "
+        "object found must be of that kind.",
+        "Make the object the kind the spec lists again.",
+    ),
+    "api.signature": RuleDoc(
+        "A public signature differs from the spec.",
+        "Signatures are compared parameter by parameter: name, kind, default and "
+        "annotation, and the return annotation; annotations are normalised, so quoting "
+        "and spacing do not matter.",
+        "Change the signature back to the spec's (the message shows the first difference).",
+    ),
+    "api.exports": RuleDoc(
+        "A module does not export exactly the names the spec lists.",
+        "A module's __all__ must name exactly the spec's exports, and each must exist.",
+        "Set __all__ to the spec's list and define every name in it.",
+    ),
+    "api.fields": RuleDoc(
+        "A class does not declare exactly the fields the spec lists.",
+        "A dataclass-like class must declare exactly the annotated fields the spec "
+        "lists, with the same annotations.",
+        "Declare the spec's fields, no more and no fewer.",
+    ),
+    "api.identity": RuleDoc(
+        "A re-exported object is not the very object the spec names.",
+        "Where the spec says an object is the same as another (a re-export), both paths "
+        "must give the identical object, not a copy or a wrapper.",
+        "Re-export the original object instead of redefining it.",
+    ),
+    "api.probe": RuleDoc(
+        "The public API could not be inspected.",
+        "The API is inspected by importing the tree's packages in a fresh interpreter; an "
+        "import that fails or a probe that crashes leaves the API unverified, which "
+        "counts as broken.",
+        "Fix the import or crash the message shows, so that the API can be inspected.",
+    ),
+    "api.source": RuleDoc(
+        "The reported signature is not the code that runs.",
+        "The signature inspect reports must be that of the def that runs: an assigned "
+        "__signature__ or a decorator that hides the function, or running code that is "
+        "not in the tree, would let the API check pass on something else.",
+        "Remove the __signature__ assignment or the hiding wrapper; define the function "
+        "in the stage's module.",
+    ),
+    "invariant.unclaimed": RuleDoc(
+        "A spec invariant is claimed by no test.",
+        "Every invariant a stage declares must be claimed by at least one test with "
+        "@pytest.mark.invariant('<stage>.<id>'), so that some test proves it on every "
+        "device.",
+        "Add or mark a test that proves the invariant.",
+    ),
+    "invariant.unknown": RuleDoc(
+        "A test claims an invariant no spec declares.",
+        "A marker naming an invariant that no spec declares proves nothing the gate can "
+        "count (often a typo).",
+        "Correct the invariant id in the marker, or declare the invariant in the spec.",
+    ),
+    "invariant.malformed": RuleDoc(
+        "An invariant marker is not a single string literal '<stage>.<id>'.",
+        "Claims are read statically, so the marker's argument must be one string literal "
+        "of the form '<stage>.<id>'.",
+        "Write the marker as @pytest.mark.invariant('<stage>.<id>').",
+    ),
+    "stage.unspecified": RuleDoc(
+        "A stage package has no spec.",
+        "Every package under packages/ must be owned by a stage spec in specs/, or "
+        "nothing would judge the PRs that change it.",
+        "Add a specs/<stage>.toml whose package is this directory (a maintainer change).",
+    ),
+    "tests.failed": RuleDoc(
+        "A test fails on the PR's code.",
+        "The base's tests of the stage and of its dependants, the maintainers' acceptance "
+        "tests and the PR's own tests all run over the PR's code; every one must pass.",
+        "Run the named test on the PR's code and fix the failure.",
+    ),
+    "tests.skipped": RuleDoc(
+        "A reference test skips on the PR's code.",
+        "A reference test that runs on the base's code but skips on the PR's proves "
+        "nothing there, so it counts as broken.",
+        "Make the test run on the PR's code again (see why it skips).",
+    ),
+    "tests.missing": RuleDoc(
+        "A reference test never runs on the PR's code.",
+        "Each test the base collects must run on the PR's code; one that disappears "
+        "(renamed, deselected, not collected) proves nothing.",
+        "Restore the test, or keep it collectable under its name.",
+    ),
+    "tests.error": RuleDoc(
+        "A test run of the verdict could not be read.",
+        "A collection error, a time limit or a missing report leaves unknown what the run "
+        "would have proved, so nothing in it counts as passed.",
+        "Fix the error the message shows and run again.",
+    ),
+    "device.failed": RuleDoc(
+        "A test proving an invariant failed on a device.",
+        "The invariant report of a device's test session shows a failing test that "
+        "claims the invariant.",
+        "Run the named tests on that device (nox -s test-<device>) and fix the failure.",
+    ),
+    "device.incomplete": RuleDoc(
+        "A device run ended in error before the invariant was verified.",
+        "The device's test session ended with a non-zero pytest status and no passing "
+        "test verified the invariant, so it cannot count as kept.",
+        "Fix the error that stopped the run, then run the device session again.",
+    ),
+    "device.not-run": RuleDoc(
+        "An invariant was not verified on a device the run requires.",
+        "With --require-device, a device with no report, or whose tests for an invariant "
+        "were all skipped, is broken rather than not run: a skip is not a pass.",
+        "Run the stage's tests on the device, and make sure the invariant's tests do not "
+        "skip there.",
+    ),
+    "device.stale": RuleDoc(
+        "A device report was produced from another tree than the one judged.",
+        "Every invariant report records the fingerprint of the stage sources and tests it "
+        "ran on; a report whose fingerprint differs from the tree being judged proves "
+        "nothing about it, so the device counts as not run (broken when required).",
+        "Run the device session again on this tree: nox -s test-<device>.",
+    ),
+    "device.partial": RuleDoc(
+        "A device report covers a narrowed test selection.",
+        "A run narrowed with -k, -m, --deselect, node ids, -x or --last-failed (or an old "
+        "report that does not say what it covered) may have left out a failing test, so "
+        "it counts as not run (broken when required).",
+        "Run the whole device session without narrowing options.",
+    ),
+    "mutant.survived": RuleDoc(
+        "A catalogued bug was not caught by the stage's tests.",
+        "Each stage's spec lists known bugs (mutants); the tests that claim the stage's "
+        "invariants must fail on every one of them.",
+        "Strengthen the tests (claiming the right invariant) until they fail on the "
+        "mutant; never delete the mutant.",
+    ),
+    "mutant.stale": RuleDoc(
+        "A catalogued bug no longer applies to the code.",
+        "A mutant's find text must occur in its module exactly as often as it says; when "
+        "the code moves on, the mutant tests nothing until it is rewritten.",
+        "Rewrite the mutant's find/replace against the current source.",
+    ),
+    "mutant.error": RuleDoc(
+        "A mutant run ended in error.",
+        "A run that times out or crashes does not show the bug was caught, so it counts "
+        "against the gate.",
+        "Look at the reason in the message; fix the tests or the timeout.",
+    ),
+    "sandbox.tampered": RuleDoc(
+        "A protected file changed while the PR's code ran.",
+        "The checker, the sandbox interpreter and the verdict's workspace are hashed "
+        "before the PR's code runs and checked after; a change means the PR's code "
+        "reached what judges it, and the verdict cannot stand.",
+        "Find what in the PR writes outside its own files, and remove it.",
+    ),
+}
+
+# What each kind of spec-defined static rule checks (rule descriptions).
+SPEC_RULE_KINDS: dict[str, str] = {
+    "import_as_module": "the module is bound as a module object and its listed attributes "
+    "are only called through it, never imported or bound by name",
+    "forbidden_name": "none of the listed names appears in the stage's code, as a name, an "
+    "attribute, an import or a string argument",
+    "forbidden_in_function": "no listed method or function is called inside the named "
+    "function (and, where the rule says so, the local helpers it calls)",
+    "dependencies": "the package's [project].dependencies name exactly the allowed distributions",
+    "forbidden_ops": "no listed ATen op (or, where the rule says so, no dtype or device "
+    "change) is dispatched while the rule's driver runs the stage's code",
+}
+
+
+@dataclass(frozen=True)
+class SpecRule:
+    """A rule one stage's spec defines (``static.<id>``), described by that spec.
+
+    Two stages may define the same id with different texts; each keeps its own.
+    """
+
+    stage: str
+    rule: str
+    kind: str
+    message: str
+    spec_path: str
+    line: int | None = None
+
+    def doc(self) -> RuleDoc:
+        where = f"{self.spec_path}:{self.line}" if self.line else self.spec_path
+        what = SPEC_RULE_KINDS.get(self.kind, f"a rule of kind {self.kind!r}")
+        return RuleDoc(
+            self.message,
+            f"Stage {self.stage!r} defines rule {self.rule!r} ({self.kind}: {what}) in "
+            f"{where}: {self.message}. {_GATE_FROM_BASE}",
+            f"Change the code so that the rule holds again ({self.message}); the rule "
+            f"itself changes only with the stage's spec, in a maintainer PR.",
+        )
+
+
+def unregistered(rule: str) -> RuleDoc:
+    """The description of an id nobody registered (reporters never crash on one)."""
+    return RuleDoc(
+        f"Rule {rule}.",
+        f"Rule {rule!r} has no registered description (a checker bug: register it in "
+        "niels_gpt_contracts.rules.RULES).",
+        "See the result's message.",
+    )
