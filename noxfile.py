@@ -18,6 +18,7 @@ comma-separated list, or ``1`` for any): then absence fails the session.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import platform
 import shutil
@@ -26,6 +27,16 @@ import sys
 from pathlib import Path
 
 import nox
+
+
+class _NoUvNotice(logging.Filter):
+    """Drop nox's 'uv binary not found.': these sessions never use uv."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.getMessage() != "uv binary not found."
+
+
+logging.getLogger("nox").addFilter(_NoUvNotice())
 
 nox.options.reuse_venv = "yes"
 nox.options.error_on_missing_interpreters = True
@@ -101,6 +112,26 @@ def run_dev(session: nox.Session, *args: str) -> None:
     env = dev_env(session)
     program = shutil.which(args[0], path=env["PATH"]) or args[0]
     session.run(program, *args[1:], env=env, external=True)
+
+
+GATE_EXITS = {
+    1: "contracts exited 1: BROKEN, a rule is broken (see above)",
+    2: "contracts exited 2: a usage or configuration error; no verdict was given",
+}
+
+
+def run_gate(session: nox.Session, *args: str) -> None:
+    """Run ``contracts`` and say which of its exit statuses it was.
+
+    nox ends every failed session with status 1; the line printed here keeps
+    contracts' own distinction (1 BROKEN, 2 no verdict) visible in the log.
+    """
+    env = dev_env(session)
+    program = str(_bin_dir(DEV_ENV) / "contracts")
+    session.log(" ".join(["contracts", *args]))
+    code = subprocess.run([program, *args], env={**os.environ, **env}, check=False).returncode
+    if code:
+        session.error(GATE_EXITS.get(code, f"contracts exited {code}: an unexpected status"))
 
 
 # --- device test sessions ---------------------------------------------------
@@ -205,7 +236,7 @@ def lint(session: nox.Session) -> None:
     GitHub workflows against GitHub's workflow schema (vendored by check-jsonschema)."""
     run_dev(session, "ruff", "check", ".", *session.posargs)
     run_dev(session, "ruff", "format", "--check", ".")
-    run_dev(session, "lint-imports", "--config", str(ROOT / "pyproject.toml"))
+    run_dev(session, "lint-imports", "--no-logo", "--config", str(ROOT / "pyproject.toml"))
     workflows = sorted(str(p) for p in (ROOT / ".github" / "workflows").glob("*.y*ml"))
     run_dev(session, "check-jsonschema", "--builtin-schema", "vendor.github-workflows", *workflows)
 
@@ -258,7 +289,7 @@ def test_hooks(session: nox.Session) -> None:
 @nox.session(venv_backend="none")
 def contracts(session: nox.Session) -> None:
     """The spec gate: no posargs checks every stage; ``-- --stage S --base REV`` gates a PR."""
-    run_dev(session, "contracts", "check", *(session.posargs or ["--reports", str(REPORTS)]))
+    run_gate(session, "check", *(session.posargs or ["--reports", str(REPORTS)]))
 
 
 @nox.session(name="pr", venv_backend="none")
@@ -270,20 +301,10 @@ def pr_verdict(session: nox.Session) -> None:
     from a checker installed from the base, with an interpreter built from the
     base's constraints. ``--head`` defaults to the working tree.
     """
-    env = dev_env(session)
     python = str(_bin_dir(DEV_ENV) / "python")
     args = list(session.posargs) or ["--base", "origin/main"]
-    session.run(
-        str(_bin_dir(DEV_ENV) / "contracts"),
-        "pr",
-        "--python",
-        python,
-        "--cache-dir",
-        str(ROOT / ".contracts-cache"),
-        *args,
-        env=env,
-        external=True,
-    )
+    cache = str(ROOT / ".contracts-cache")
+    run_gate(session, "pr", "--python", python, "--cache-dir", cache, *args)
 
 
 @nox.session(venv_backend="none")
@@ -302,7 +323,7 @@ def bench(session: nox.Session) -> None:
 @nox.session(venv_backend="none")
 def mutants(session: nox.Session) -> None:
     """The mutant gate: every catalogued bug must be killed (``-- --stage S``, ``--all``)."""
-    run_dev(session, "contracts", "mutants", *session.posargs)
+    run_gate(session, "mutants", *session.posargs)
 
 
 @nox.session

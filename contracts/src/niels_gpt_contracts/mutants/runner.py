@@ -24,6 +24,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -372,13 +373,15 @@ def _run_all(
         why = "timeout" if r.code is None else _first_failure(r.output)
         return StageRun(stage, False, why, r.seconds, p.tests)
 
+    done = itertools.count(1)
+
     def mutant_run(item: tuple[Mutant, str]) -> Verdict:
         m = item[0]
         p = plan_of[m.stage]
-        verdict = _judge(
-            m, launcher.run(p.stage, p.order or p.tests, p.hypothesis, item), opts.timeout
-        )
-        say(f"MUTANT {m.name} {verdict.status} ({verdict.seconds:.1f} s)")
+        run = launcher.run(p.stage, p.order or p.tests, p.hypothesis, item)
+        verdict = _judge(m, run, opts.timeout)
+        # Progress, not the report: the report's MUTANT lines come at the end.
+        say(f"  [{next(done)}/{len(todo)}] {m.name}: {verdict.status} in {verdict.seconds:.1f} s")
         return verdict
 
     clean: list[StageRun] = []
