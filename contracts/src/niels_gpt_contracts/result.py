@@ -105,8 +105,13 @@ class Result:
         return all(o.status != BROKEN for o in self.outcomes)
 
     def stage_status(self, stage: str) -> Status:
+        """BROKEN if any row is; NOT RUN for a pending stage (no package yet); else KEPT."""
         rows = [o for o in self.outcomes if o.stage == stage]
-        return BROKEN if any(o.status == BROKEN for o in rows) else KEPT
+        if any(o.status == BROKEN for o in rows):
+            return BROKEN
+        if any(o.check == "stage" and o.status == NOT_RUN for o in rows):
+            return NOT_RUN
+        return KEPT
 
     def add_spec_rule(self, rule: SpecRule) -> None:
         self.spec_rules[(rule.stage, rule.rule)] = rule

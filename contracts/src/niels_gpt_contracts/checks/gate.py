@@ -90,8 +90,11 @@ def _device_rows(
     reports: Mapping[str, devices.DeviceReport | None],
     required: tuple[str, ...],
     tree: str | None,
+    absent: tuple[str, ...] = (),
 ) -> None:
     for device in devices.DEVICES:
+        if device in absent:
+            continue  # reported once for the whole repository (see run_tree)
         if device in reports or device in required:
             report, needed = reports.get(device), device in required
             result.outcomes.append(devices.device_outcome(spec, device, report, needed, tree))
@@ -115,6 +118,12 @@ def run_tree(request: Request) -> Result:
     )
     reports = devices.load_reports(request.reports_dir, request.report_files)
     current = fingerprint.tree(repo.root) if reports else None
+    # A device with no report at all gets one NOT RUN row, not one per stage.
+    absent = tuple(
+        d
+        for d in devices.DEVICES
+        if d in reports and reports[d] is None and d not in request.require_devices
+    )
     result = Result(
         mode="tree", stages=[s.id for s in chosen], required_devices=request.require_devices
     )
@@ -132,7 +141,10 @@ def run_tree(request: Request) -> Result:
             result.outcomes.append(Outcome(spec.id, "stage", NOT_RUN, why))
             continue
         stage_checks(result, spec, specs, tree, claims, api_found, None)
-        _device_rows(result, spec, reports, request.require_devices, current)
+        _device_rows(result, spec, reports, request.require_devices, current, absent)
+    for device in absent:
+        why = f"no report for {device}: its tests have not run here (nox -s test-{device})"
+        result.outcomes.append(Outcome("repo", f"device:{device}", NOT_RUN, why))
     if not request.stage:
         unowned = invariants.check_unowned(specs, claims, tree.files())
         result.outcomes.append(

@@ -63,13 +63,16 @@ def summary(result: Result) -> str:
     broken = [s for s in stages if result.stage_status(s) == BROKEN]
     if any(o.stage not in stages and o.status == BROKEN for o in result.outcomes):
         broken.append("repo")
-    kept = len(stages) - len([s for s in broken if s in stages])
+    pending = [s for s in stages if result.stage_status(s) == NOT_RUN]
+    kept = len(stages) - len([s for s in broken if s in stages]) - len(pending)
     n = len(result.violations)
     verdict = "KEPT" if result.ok else "BROKEN"
     text = f"{verdict}: {len(stages)} stage{'s' * (len(stages) != 1)}, {kept} {KEPT}, "
     text += f"{len(broken)} {BROKEN}"
     if broken:
         text += f" ({', '.join(broken)})"
+    if pending:
+        text += f", {len(pending)} pending ({', '.join(pending)})"
     text += f"; {n} violation{'s' * (n != 1)}"
     not_run = sorted(
         {
