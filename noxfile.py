@@ -250,9 +250,7 @@ def typecheck(session: nox.Session) -> None:
     specs/<stage>/ are checked once its package exists.
     """
     sources = [str(p / "src") for p in PACKAGES]
-    drivers = [
-        str(ROOT / "specs" / p.name) for p in PACKAGES if (ROOT / "specs" / p.name).is_dir()
-    ]
+    drivers = [str(ROOT / "specs" / p.name) for p in PACKAGES if (ROOT / "specs" / p.name).is_dir()]
     env = dev_env(session)
     env["MYPYPATH"] = os.pathsep.join([*sources, str(CONTRACTS / "src")])
     files = session.posargs or [*sources, str(CONTRACTS / "src"), *drivers]

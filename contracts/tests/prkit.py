@@ -284,6 +284,8 @@ def drive(device, record):
     q = torch.randn(2, 3, 5, 4, device=device, requires_grad=True)
     with record():
         attend(q, q, q).sum().backward()
+        with torch.no_grad():
+            attend(q, q, q)
 """
 
 FAST_MOD = """\

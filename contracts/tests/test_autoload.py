@@ -37,6 +37,8 @@ def test_a_self_loading_file_is_named(repo: Repo, path: str) -> None:
         '[tool.pytest.ini_options]\naddopts = "-p ngx.beta_mod"\n',
         '[tool.hatch.build.hooks.custom]\npath = "hook.py"\n',
         '[tool.hatch.build.targets.wheel.hooks.custom]\npath = "hook.py"\n',
+        '[tool.hatch.build.targets.wheel.force-include]\n"x.py" = "ngx/alpha_mod.py"\n',
+        '[build-system]\nrequires = ["evil-backend"]\nbuild-backend = "evil"\n',
     ],
 )
 def test_a_loading_table_in_pyproject_is_named(repo: Repo, table: str) -> None:
@@ -76,3 +78,20 @@ def test_the_root_conftest_is_a_meta_path(repo: Repo) -> None:
     code, out = repo.gate_json(*PR)
     assert code == 1
     assert {("path.meta", "conftest.py"), ("path.autoload", "conftest.py")} <= rules(out)
+
+
+def test_a_new_pyproject_like_the_base_stages_passes(repo: Repo) -> None:
+    repo.write("packages/beta/tools/pyproject.toml", '[project]\nname = "x"\nversion = "1"\n')
+    repo.commit()
+    code, out = repo.gate_json(*PR)
+    assert code == 0, out["violations"]
+
+
+@pytest.mark.parametrize("name", ["Conftest.py", "SITECUSTOMIZE.PY", "x.PTH"])
+def test_self_loading_names_are_matched_without_case(repo: Repo, name: str) -> None:
+    path = f"packages/beta/tests/{name}"
+    repo.write(path, "import os\n")
+    repo.commit()
+    code, out = repo.gate_json(*PR)
+    assert code == 1
+    assert ("path.autoload", path) in rules(out)

@@ -11,8 +11,10 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,7 @@ import pytest
 from gatekit import valid_report
 
 from niels_gpt_contracts.cli import main
+from niels_gpt_contracts.mutants import zygote
 
 SCHEMA = Path(__file__).resolve().parents[2] / "specs" / "spec.schema.json"
 MODULE = "packages/tiny/src/ngt/tinymod.py"
@@ -218,3 +221,31 @@ def test_unknown_stage_and_malformed_catalogue(tiny: Path) -> None:
     code, out = gate(tiny)
     assert code == 1 and statuses(out) == {"bad": ("error", False)}
     assert "does not compile" in out["mutants"][0]["reason"]
+
+
+def test_the_zygote_keeps_pythonpath_first_under_safe_path(tmp_path: Path) -> None:
+    """Under -P/PYTHONSAFEPATH, sys.path[0] is PYTHONPATH's first entry, not the
+    zygote's folder; the zygote must not drop it (the sandbox's bootstrap is there)."""
+    first = tmp_path / "first"
+    first.mkdir()
+    test = tmp_path / "test_path.py"
+    test.write_text(
+        "import os, sys\n\n\ndef test_first():\n"
+        "    assert sys.path[0] == os.environ['EXPECT'], sys.path[:3]\n"
+    )
+    request = {
+        "overlay": "",
+        "module": "",
+        "want": "",
+        "args": ["-q", "-p", "no:cacheprovider", "--import-mode=importlib", str(test)],
+    }
+    env = {**os.environ, "PYTHONSAFEPATH": "1", "PYTHONPATH": str(first), "EXPECT": str(first)}
+    done = subprocess.run(
+        [sys.executable, str(zygote.__file__), "--once", json.dumps(request)],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]

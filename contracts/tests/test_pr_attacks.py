@@ -290,3 +290,31 @@ def test_a_lazy_import_of_the_fastpath_stage_is_caught(pr_repo: PrRepo) -> None:
     code, out, _ = pr_repo.verdict()
     assert code == 1
     assert {"module.undeclared-import", "runtime.no-sdpa-runtime"} <= rules_of(out)
+
+
+def test_sdpa_only_under_no_grad_is_caught(pr_repo: PrRepo) -> None:
+    """Fused attention only where no gradient is asked for, reached by passing getattr."""
+    pr_repo.replace(ATTN, "import math\n", "import functools\nimport math\n")
+    first = "    t = q.shape[-2]\n"
+    pr_repo.replace(
+        ATTN,
+        first,
+        "    if not torch.is_grad_enabled():\n"
+        '        kernel = functools.reduce(getattr, ("nn", "functional", "scaled_dot_product_"'
+        ' + "attention"), torch)\n'
+        "        return kernel(q, k, v, is_causal=True)\n" + first,
+    )
+    pr_repo.pr("attention")
+    code, out, _ = pr_repo.verdict()
+    assert code == 1
+    assert {"source.dynamic", "runtime.no-sdpa-runtime"} <= rules_of(out), out["violations"]
+
+
+def test_a_stage_weakening_its_own_tests_under_a_line_permission_pattern(pr_repo: PrRepo) -> None:
+    """backbone_v1's own tests match its V= permission's patterns, yet run as the base has them."""
+    pr_repo.replace("packages/backbone_v1/src/ngt/model/gpt.py", "xs[: cfg.T]", "xs")
+    pr_repo.replace("packages/backbone_v1/tests/test_gpt.py", "== 2", ">= 2")
+    pr_repo.pr("backbone_v1")
+    code, out, _ = pr_repo.verdict()
+    assert code == 1
+    assert "packages/backbone_v1/tests/test_gpt.py::test_truncates" in _failed_tests(out)

@@ -19,7 +19,11 @@ Record = Callable[[], AbstractContextManager[None]]
 
 
 def forward_backward(device: torch.device, record: Record) -> None:
-    """Train and eval forwards (with and without probabilities) and a backward pass."""
+    """Train and eval forwards (with and without probabilities), backward, and inference.
+
+    Inference (eval, no probabilities, under no_grad and inference_mode) is
+    where a fused kernel is cheapest to slip in, so it is driven too.
+    """
     torch.manual_seed(0)
     cfg = ModelConfig(V=16, T=160, C=32, H=4, d_ff=64, dropout=0.1)
     attn = CausalSelfAttention(cfg).to(device)
@@ -32,3 +36,7 @@ def forward_backward(device: torch.device, record: Record) -> None:
             attn.eval()
             y, probs = attn(x, return_attn=True)  # (B, T, C), (B, H, T, T)
             (y.sum() + probs.sum()).backward()
+            with torch.no_grad():
+                attn(x)  # (B, T, C)
+            with torch.inference_mode():
+                attn(x.detach())  # (B, T, C)

@@ -28,3 +28,7 @@ def forward_backward(device: torch.device, record: Record) -> None:
         logits, trace = model.forward_with_attn_trace(ids, trace_layer=1, return_full_attn=True)
         assert trace["attn_full"] is not None
         torch.autograd.backward(logits.sum() + trace["attn_full"].sum())
+        with torch.no_grad():
+            model(ids)  # (B, t, V)
+        with torch.inference_mode():
+            model(ids)  # (B, t, V)

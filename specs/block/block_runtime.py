@@ -26,3 +26,7 @@ def forward_backward(device: torch.device, record: Record) -> None:
         block.eval()
         y, probs = block(x, return_attn=True)  # (B, T, C), (B, H, T, T)
         (y.sum() + probs.sum()).backward()
+        with torch.no_grad():
+            block(x)  # (B, T, C)
+        with torch.inference_mode():
+            block(x.detach())  # (B, T, C)

@@ -19,7 +19,8 @@ these rules name the attempt; they are not the only thing that stops it.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import fnmatch
+from collections.abc import Mapping
 from typing import Any
 
 import tomllib
@@ -43,14 +44,18 @@ SELF_LOADING_NAMES = frozenset(
     }
 )
 SELF_LOADING_SUFFIXES = (".pth",)
-# pyproject tables that make code run on install, on import or inside pytest.
+# pyproject tables that make code run on install, on import or inside pytest,
+# or that decide what a wheel contains: the build backend and all of hatch's
+# settings (build hooks, force-include of another stage's module path...).
 LOADING_TABLES: tuple[tuple[str, ...], ...] = (
     ("project", "entry-points"),
     ("project", "scripts"),
     ("project", "gui-scripts"),
     ("tool", "pytest"),
-    ("build-system", "backend-path"),
+    ("build-system",),
+    ("tool", "hatch"),
 )
+STAGE_PYPROJECTS = "packages/*/pyproject.toml"
 
 
 def _get(data: Mapping[str, Any], key: tuple[str, ...]) -> Any:
@@ -62,45 +67,43 @@ def _get(data: Mapping[str, Any], key: tuple[str, ...]) -> Any:
     return node
 
 
-def _hooks(node: Any, trail: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], Any]]:
-    """Every ``[tool.hatch...hooks...]`` value: build hooks run code at install time."""
-    if isinstance(node, Mapping):
-        for key, value in node.items():
-            here = (*trail, str(key))
-            if key == "hooks":
-                yield here, value
-            else:
-                yield from _hooks(value, here)
-
-
 def _loading_parts(text: str) -> dict[str, Any]:
     data = tomllib.loads(text)
-    parts = {".".join(key): _get(data, key) for key in LOADING_TABLES}
-    parts.update({".".join(key): value for key, value in _hooks(_get(data, ("tool", "hatch")))})
-    return {k: v for k, v in parts.items() if v is not None}
+    return {".".join(key): _get(data, key) for key in LOADING_TABLES}
 
 
-def _pyproject_problems(old: str | None, new: str | None) -> list[str]:
+def _pyproject_problems(old: str | None, new: str | None, siblings: list[str]) -> list[str]:
+    """Loading tables that differ from the base's version of the file.
+
+    A new stage's ``pyproject.toml`` has no base version: each of its tables
+    must then equal the same table of one of the base's stage packages (the
+    build backend and hatch settings every stage uses, and no entry points).
+    """
     if new is None:
         return []
     try:
         after = _loading_parts(new)
     except tomllib.TOMLDecodeError as err:
         return [f"cannot be parsed ({err}), so its loading tables cannot be vetted"]
-    try:
-        before = _loading_parts(old) if old is not None else {}
-    except tomllib.TOMLDecodeError:
-        before = {}
-    changed = sorted(k for k in {*before, *after} if before.get(k) != after.get(k))
+    allowed: list[dict[str, Any]] = []
+    for text in [old] if old is not None else siblings:
+        try:
+            allowed.append(_loading_parts(text))
+        except tomllib.TOMLDecodeError:
+            continue
+    allowed = allowed or [dict.fromkeys(after)]  # no stage to compare with: none of them
+    changed = sorted(k for k in after if all(a.get(k) != after[k] for a in allowed))
     return [
-        f"changes [{key}]: entry points, scripts, pytest settings and build hooks "
-        "run code nobody imports; a stage PR may not add or change them"
+        f"changes [{key}]: entry points, scripts, pytest settings and build configuration "
+        "(backend, hooks, what goes into the wheel) run or ship code nobody reviews in the "
+        "stage's source; a stage PR keeps them as the base has them"
         for key in changed
     ]
 
 
 def _name(path: str) -> str:
-    return path.rsplit("/", 1)[-1]
+    """The file name, lower-cased: Conftest.py is conftest.py on macOS and Windows."""
+    return path.rsplit("/", 1)[-1].lower()
 
 
 def check_autoload(spec: Spec, changes: list[Change], base: Tree, head: Tree) -> list[Violation]:
@@ -132,7 +135,13 @@ def check_autoload(spec: Spec, changes: list[Change], base: Tree, head: Tree) ->
                 )
     if pyprojects:
         before, after = base.read_many(pyprojects), head.read_many(pyprojects)
+        stage_files = [
+            f
+            for f in base.files()
+            if fnmatch.fnmatchcase(f, STAGE_PYPROJECTS) and f.count("/") == 2
+        ]
+        siblings = [t for t in base.read_many(stage_files).values() if t is not None]
         for path in pyprojects:
-            for problem in _pyproject_problems(before.get(path), after.get(path)):
+            for problem in _pyproject_problems(before.get(path), after.get(path), siblings):
                 add("path.autoload", path, problem)
     return out

@@ -11,11 +11,16 @@ is held to two rules, checked with ``ast``:
   namespace (``niels_gpt``; ``checks.modules`` judges which stages), ``torch``
   and its public submodules, and a few pure-computation standard modules.
 - ``source.dynamic``: no ``eval``/``exec``/``compile``/``__import__``,
-  ``globals``/``locals``/``vars``, ``open``, ``breakpoint``; no
+  ``globals``/``locals``/``vars``, ``open``, ``breakpoint``, called or passed
+  as a value (``functools.reduce(getattr, ...)``); no
   ``getattr``/``setattr``/``delattr``/``hasattr`` with a computed name unless
   the object is ``self`` or ``cls``; no dunder attribute outside a small
   allowlist (``__dict__``, ``__signature__``, ``__wrapped__``, ``__code__``...);
-  no attribute that names an interpreter-level module (``torch.sys``).
+  no attribute that names an interpreter-level module (``torch.sys``), loads
+  or writes code or data (``torch.load``, ``.tofile``, ``torch.hub``,
+  ``torch.ops``), or is private to torch (``torch._C``); no method that
+  changes what calling or reading an object does (``__call__``,
+  ``__getattr__``...): a module's behaviour is its ``forward``.
 
 These rules cannot prove the absence of tampering (see ``contracts/SECURITY.md``);
 they make it visible to a reviewer instead of leaving it to chance.
@@ -43,7 +48,6 @@ ALLOWED_IMPORTS = frozenset(
         "numbers",
         "torch",
         "typing",
-        "warnings",
     }
 )
 # Parts of torch that compile or load native code, or reach its dispatcher.
@@ -56,6 +60,41 @@ ALLOWED_DUNDERS = frozenset(
     {"__init__", "__class__", "__name__", "__qualname__", "__doc__", "__module__"}
 )
 DENIED_NAMES = frozenset({"__builtins__", "__loader__", "__spec__", "__import__"})
+# Attributes that load or write code or data, reach the dispatcher, or bypass
+# nn.Module's call path; whatever object they hang on.
+DENIED_ATTRIBUTES = frozenset(
+    {
+        "load",
+        "save",
+        "tofile",
+        "fromfile",
+        "from_file",
+        "numpy",
+        "hub",
+        "package",
+        "library",
+        "ops",
+        "jit",
+        "filters",
+        "_call_impl",
+        "_wrapped_call_impl",
+    }
+)
+# Methods whose definition changes what calling or reading an object does.
+DENIED_DEFINITIONS = frozenset(
+    {
+        "__call__",
+        "__getattr__",
+        "__getattribute__",
+        "__setattr__",
+        "__delattr__",
+        "__init_subclass__",
+        "__set_name__",
+        "__class_getitem__",
+        "__instancecheck__",
+        "__subclasscheck__",
+    }
+)
 INTERPRETER_MODULES = frozenset(
     {
         "sys",
@@ -106,7 +145,28 @@ def _imports(node: ast.AST) -> list[str]:
     return []
 
 
-def _dynamic_problem(node: ast.AST) -> str | None:
+def _dynamic_problem(node: ast.AST, callees: set[int], torch_names: set[str]) -> str | None:
+    if (
+        isinstance(node, ast.Name)
+        and node.id in DYNAMIC_CALLS | NAME_CALLS
+        and id(node) not in callees
+    ):
+        return f"passes {node.id} as a value: it can build names or code out of sight"
+    if (
+        isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.name in DENIED_DEFINITIONS
+    ):
+        return f"defines {node.name}: it changes what calling or reading the object does"
+    if (
+        isinstance(node, ast.Attribute)
+        and node.attr.startswith("_")
+        and not node.attr.startswith("__")
+    ):
+        root = node.value
+        while isinstance(root, ast.Attribute):
+            root = root.value
+        if isinstance(root, ast.Name) and root.id in torch_names:
+            return f"uses {ast.unparse(node)}: private parts of torch are not for stage modules"
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
         name = node.func.id
         if name in DYNAMIC_CALLS:
@@ -134,16 +194,33 @@ def _attr_problem(attr: str) -> str | None:
         return f"uses the attribute {attr}: it reads or rewrites an object's internals"
     if attr in INTERPRETER_MODULES:
         return f"uses the attribute .{attr}: it reaches an interpreter-level module"
+    if attr in DENIED_ATTRIBUTES:
+        return f"uses the attribute .{attr}: it loads or writes code or data, or bypasses forward"
     return None
 
 
+def _torch_names(tree: ast.Module) -> set[str]:
+    """Names bound to torch or a part of it (``import torch.nn.functional as F``)."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.split(".")[0] == "torch":
+                    names.add(a.asname or "torch")
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "torch":
+            names.update(a.asname or a.name for a in node.names)
+    return names
+
+
 def _findings(tree: ast.Module, shared: set[str]) -> Iterator[tuple[str, int, str]]:
+    callees = {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
+    torch_names = _torch_names(tree)
     for node in ast.walk(tree):
         for name in _imports(node):
             problem = _import_problem(name, shared)
             if problem:
                 yield "source.import", getattr(node, "lineno", 1), problem
-        problem = _dynamic_problem(node)
+        problem = _dynamic_problem(node, callees, torch_names)
         if problem:
             yield "source.dynamic", getattr(node, "lineno", 1), problem
 

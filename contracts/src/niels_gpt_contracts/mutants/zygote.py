@@ -114,7 +114,12 @@ def _wait(pid: int, timeout: float) -> int | None:
 
 
 def main() -> None:
-    sys.path.pop(0)  # this file's directory: not something tests should import from
+    here = os.path.dirname(os.path.abspath(__file__))
+    if sys.path and os.path.abspath(sys.path[0] or ".") == here:
+        # Python put this file's folder first (not under -P/PYTHONSAFEPATH, where
+        # sys.path[0] is PYTHONPATH's first entry and must stay): tests must not
+        # import from the checker's folder.
+        sys.path.pop(0)
     if sys.argv[1:2] == ["--once"]:  # one run in this process (no fork)
         sys.exit(run_tests(json.loads(sys.argv[2])))
     for name in sys.argv[1:]:

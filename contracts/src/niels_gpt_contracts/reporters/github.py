@@ -47,8 +47,13 @@ def _unbracketed(value: str) -> str:
 
 
 def _data(value: str) -> str:
-    """A command's message: the runner unescapes ``%0D``, ``%0A``, ``%25``."""
-    return value.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+    """A command's message: the runner unescapes ``%0D``, ``%0A``, ``%25``.
+
+    Any other control character (ESC, BEL, ...) is shown as an escape, so a
+    file name cannot restyle or rewrite the log line it is on.
+    """
+    encoded = value.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+    return printable(encoded)
 
 
 def _prop(value: str) -> str:

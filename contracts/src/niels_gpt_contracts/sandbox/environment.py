@@ -96,7 +96,12 @@ class Sandbox:
         return env
 
     def site_paths(self) -> list[str]:
-        """The interpreter's import path outside the bootstrap (site-packages, stdlib)."""
+        """The interpreter's import path outside the bootstrap (site-packages, stdlib).
+
+        Entries that provide one of the stages' top-level names (an editable
+        install of a checkout) are left out: the bootstrap drops them from every
+        sandboxed interpreter, so they cannot influence a run.
+        """
         code = "import json, sys; print(json.dumps([p for p in sys.path if p]))"
         try:
             done = subprocess.run(
@@ -114,7 +119,11 @@ class Sandbox:
             paths = json.loads(done.stdout.strip().splitlines()[-1])
         except (ValueError, IndexError):
             return []
-        return [str(p) for p in paths if os.path.isdir(p)]
+        return [
+            str(p)
+            for p in paths
+            if os.path.isdir(p) and not any(os.path.exists(os.path.join(p, n)) for n in self.names)
+        ]
 
 
 @dataclass
@@ -127,8 +136,8 @@ class Snapshot:
     def take(cls, roots: Iterable[str | Path]) -> Snapshot:
         files: dict[str, tuple[int, int, int]] = {}
         for root in roots:
-            for folder, dirs, names in os.walk(root):
-                dirs[:] = [d for d in dirs if d != "__pycache__"]
+            # __pycache__ included: a planted .pyc would run in every later process.
+            for folder, _dirs, names in os.walk(root):
                 for name in names:
                     path = os.path.join(folder, name)
                     try:

@@ -17,7 +17,7 @@ from niels_gpt_contracts.gitdiff import Tree
 
 
 def self_loading(path: str) -> bool:
-    name = path.rsplit("/", 1)[-1]
+    name = path.rsplit("/", 1)[-1].lower()
     return name in SELF_LOADING_NAMES or name.endswith(SELF_LOADING_SUFFIXES)
 
 

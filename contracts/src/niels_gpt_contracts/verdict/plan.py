@@ -97,7 +97,15 @@ def make_plan(
         for path in base_files:
             if not path.startswith(_test_dirs(spec)) or not path.endswith(".py"):
                 continue
-            line_edited = path in changed and any(m.match_file(path) for m in scoped)
+            # Only a file the line-scoped permission judged (outside the stage's
+            # may_change) is proven harmless; the stage's own tests match the
+            # permission's patterns too, and are never taken from the head.
+            line_edited = (
+                path in changed
+                and not stage.may_match.match_file(path)
+                and not stage.must_not_match.match_file(path)
+                and any(m.match_file(path) for m in scoped)
+            )
             (plan.reference_from_head if line_edited else plan.reference_from_base).append(path)
     own = f"{stage.package}/tests/"
     plan.pr_support = sorted(p for p in head_files if p.startswith(own) and p.endswith(".py"))

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -185,6 +186,8 @@ def _tampered(stage: str, paths: list[str]) -> Outcome:
 
 def run(request: PrRequest, say: Say) -> Result:
     """The verdict; ``ConfigError`` when it cannot be given (exit 2, never a pass)."""
+    # This process writes no bytecode: every new file on the watched paths is the PR's.
+    sys.dont_write_bytecode = True
     integrity.preload()
     processes.become_subreaper()
     ctx = pr_context.open_pr(request.repo, request.base, request.head, request.stage)
