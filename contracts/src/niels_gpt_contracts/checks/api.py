@@ -20,7 +20,7 @@ import json
 import subprocess
 import sys
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -51,20 +51,31 @@ def probe(
     entries: list[ApiEntry],
     python: str = sys.executable,
     env: Mapping[str, str] | None = None,
+    only: Collection[str] | None = None,
 ) -> list[dict[str, Any]]:
     """Run the import probe over ``entries`` on ``tree``; one result per entry.
 
     ``python`` and ``env`` choose the interpreter that imports the tree's code
-    (the PR verdict passes its sandbox's); by default, this one.
+    (the PR verdict passes its sandbox's); by default, this one. ``only``:
+    the source files to write out and import from (the verdict's owned
+    modules); by default every ``packages/*/src`` file.
     """
     if not entries:
         return []
     with tempfile.TemporaryDirectory(prefix="contracts-api-") as tmp:
-        if isinstance(tree, WorkingTree):
+        if isinstance(tree, WorkingTree) and only is None:
             base = tree.root
         else:
             base = Path(tmp) / "tree"
-            tree.materialize([f for f in tree.files() if SRC_FILES.match_file(f)], base)
+            wanted = set(only) if only is not None else None
+            tree.materialize(
+                [
+                    f
+                    for f in tree.files()
+                    if SRC_FILES.match_file(f) and (wanted is None or f in wanted)
+                ],
+                base,
+            )
         roots = sorted(str(p) for p in base.glob("packages/*/src") if p.is_dir())
         request = {"roots": roots, "tree": str(base), "entries": [_request(e) for e in entries]}
         try:
@@ -192,10 +203,11 @@ def check_api(
     tree: Tree,
     python: str = sys.executable,
     env: Mapping[str, str] | None = None,
+    only: Collection[str] | None = None,
 ) -> dict[str, list[Violation]]:
-    """API violations per stage, one probe for all of ``specs`` (``python``/``env``: see probe)."""
+    """API violations per stage, one probe for all of ``specs`` (see ``probe`` for the rest)."""
     entries = [(s, e) for s in specs for e in s.api]
-    results = probe(tree, [e for _, e in entries], python, env)
+    results = probe(tree, [e for _, e in entries], python, env, only)
     out: dict[str, list[Violation]] = {s.id: [] for s in specs}
     for (spec, entry), found in zip(entries, results, strict=True):
         out[spec.id].extend(judge(spec, entry, found, tree))

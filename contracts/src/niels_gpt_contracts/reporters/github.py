@@ -49,11 +49,11 @@ def _unbracketed(value: str) -> str:
 def _data(value: str) -> str:
     """A command's message: the runner unescapes ``%0D``, ``%0A``, ``%25``.
 
-    Any other control character (ESC, BEL, ...) is shown as an escape, so a
-    file name cannot restyle or rewrite the log line it is on.
+    Messages and titles are ``printable`` before this (``_unbracketed``); the
+    ``file=`` property stays exact, as the runner needs it to find the file,
+    and the runner consumes the command line rather than showing it.
     """
-    encoded = value.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
-    return printable(encoded)
+    return value.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
 
 
 def _prop(value: str) -> str:

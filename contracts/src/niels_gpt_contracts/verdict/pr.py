@@ -74,10 +74,12 @@ class Workspace:
 def _write_workspace(ctx: pr_context.PrContext, p: plan.Plan, root: Path) -> Workspace:
     w = Workspace(root, root / "head", root / "base", root / "ref", root / "pr", root / "drivers")
     head_files, base_files = ctx.head_tree.files(), ctx.base_tree.files()
-    is_src = [f for f in head_files if f.startswith("packages/") and "/src/" in f]
-    workspace.write(ctx.head_tree, is_src, w.head)
-    base_src = [f for f in base_files if f.startswith("packages/") and "/src/" in f]
-    workspace.write(ctx.base_tree, base_src, w.base)
+    # Only the modules the base's specs give each stage are written: a file at
+    # another stage's path, an unlisted helper, a .pth or a planted .pyc never
+    # reaches an interpreter (the modules check names them).
+    owned = {f for s in ctx.specs.values() for f in s.module_files}
+    workspace.write(ctx.head_tree, [f for f in head_files if f in owned], w.head)
+    workspace.write(ctx.base_tree, [f for f in base_files if f in owned], w.base)
     workspace.write(ctx.base_tree, p.reference_from_base, w.ref)
     workspace.write(ctx.head_tree, p.reference_from_head, w.ref)
     workspace.write(ctx.head_tree, p.pr_support, w.pr)
@@ -211,7 +213,8 @@ def run(request: PrRequest, say: Say) -> Result:
         box = Sandbox.prepare(python, w.root / "sandbox", namespaces(ctx.specs), threads=1)
         guard = integrity.Guard.take([*box.site_paths(), *w.watched(), str(box.boot)])
         say(f"sandbox interpreter {python}; workspace {w.root}")
-        found_api = api.check_api([spec], ctx.head_tree, box.python, box.environ([]))
+        owned = [f for s in ctx.specs.values() for f in s.module_files]
+        found_api = api.check_api([spec], ctx.head_tree, box.python, box.environ([]), owned)
         processes.reap_orphans()
         gate.stage_checks(
             result, spec, ctx.specs, ctx.head_tree, claims, found_api, ctx.changed_lines
