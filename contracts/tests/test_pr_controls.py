@@ -65,3 +65,31 @@ def test_making_v_required_and_adding_it_elsewhere_is_kept(pr_repo: PrRepo) -> N
     tests_row = next(o for o in out["outcomes"] if o["check"] == "tests:cpu")
     # core's, mixer's and backbone's tests ran: the PR changed core's code.
     assert tests_row["summary"].startswith("7 reference tests pass"), tests_row
+
+
+def test_a_pending_stage_downstream_does_not_block_a_pr(pr_repo: PrRepo) -> None:
+    """A later stage's spec and acceptance tests landed, its package not yet."""
+    pr_repo.git("checkout", "-q", "main")
+    pr_repo.write(
+        "specs/later.toml",
+        pr_repo.read("specs/fastpath.toml")
+        .replace('id = "fastpath"', 'id = "later"')
+        .replace('"packages/fastpath', '"packages/later')
+        .replace("ngt-fastpath", "ngt-later")
+        .replace("ngt/model/fastpath.py", "ngt/model/later.py")
+        .replace("ngt.model.fastpath", "ngt.model.later")
+        .replace("fastpath.", "later."),
+    )
+    pr_repo.write(
+        "specs/later/tests/test_later.py",
+        "import pytest\n\nfrom ngt.model.later import attend_fast\n\n\n"
+        '@pytest.mark.invariant("later.same_as_explicit")\ndef test_x():\n'
+        "    assert attend_fast\n",
+    )
+    pr_repo.commit("the maintainers' side of a later stage")
+    pr_repo.git("checkout", "-q", "pr")
+    pr_repo.git("merge", "-q", "main")
+    pr_repo.replace(ATTN, "def attend(", "# Explicit attention.\ndef attend(")
+    pr_repo.pr("attention")
+    code, out, err = pr_repo.verdict()
+    assert code == 0, (out.get("violations"), err[-2000:])

@@ -89,7 +89,14 @@ def make_plan(
         for path in c.paths()
         if path.startswith(f"{s.src}/")
     }
-    stages = closure(touched, specs)
+    # A pending stage (spec and acceptance tests landed, package not yet) has
+    # nothing to run against; its own first PR adds the package, so it counts.
+    present = {f.split("/", 2)[1] for f in head_files if f.startswith("packages/")}
+    stages = [
+        s
+        for s in closure(touched, specs)
+        if s.id == stage.id or s.package.removeprefix("packages/") in present
+    ]
     plan = Plan(stage, stages)
     changed = {c.path for c in changes if c.status != "D"} - rejected
     scoped = [s.matcher for s in stage.line_scoped]
