@@ -19,12 +19,13 @@ the dtypes are settled here, in two places:
   (that of ``v``) for the score matmul. Each rotated value is then the exact
   rotation of the rounded ``q``/``k`` rounded once, where handing
   ``apply_rope`` tables cast down to bfloat16 rounds the tables, both products
-  and their sum. It is also the faster choice where it was measured
-  (``python -m benchmarks.rope_autocast``: q and k of (8, 8, 1024, 64) from a
-  bfloat16-autocast projection, 2-core CPU, torch 2.13: 7.6 ms forward in
-  float32 against 31.5 ms with bfloat16 tables; forward + backward 130 ms
-  against 193 ms; largest error 0.5 bfloat16 ulp against 27). CUDA and MPS
-  timings of the same script are not taken yet.
+  and their sum. It was also the faster choice where it was measured
+  (``python -m benchmarks.rope_autocast``, also a section of ``nox -s bench``:
+  q and k of (8, 8, 1024, 64) from a bfloat16-autocast projection; 2-core AMD
+  EPYC without bfloat16 instructions, torch 2.13, a loaded machine: forward
+  73 ms in float32 against 244 ms with bfloat16 tables, forward + backward
+  192 ms against 719 ms; largest error 0.50 against 1.59 bfloat16 ulps of the
+  pair length). CUDA and MPS timings of the same script are still to be taken.
 - Scores are scaled, masked and soft-maxed in float32 (float64 in a float64
   module), whatever the matmul that produced them ran in; the probabilities
   are returned in that dtype (the float32 trace of seed 004) and are cast to
