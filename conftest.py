@@ -51,8 +51,11 @@ def tol() -> Callable[[torch.dtype], dict[str, float]]:
 # Rounding a value to a floating dtype moves it by at most u = eps / 2 of its
 # size (round to nearest; eps = torch.finfo(dtype).eps). One matmul stage in a
 # 16-bit dtype rounds both operands (2u), accumulates its reduction of length
-# n in float32 (at most n * u32 of the terms, u32 = 2**-24; CPU kernels and
-# cuBLAS accumulate 16-bit products in float32), and rounds the result (u):
+# n in float32 (at most n * u32 of the terms, u32 = 2**-24; CPU kernels
+# accumulate 16-bit products in float32, and so does cuBLAS except in split-K
+# reductions, which torch lets run in 16 bits by default; at the widths the
+# tests use no split-K is expected, but this is unverified on CUDA so far),
+# and rounds the result (u):
 #
 #     one stage:  3u + n * u32   of the size of its terms, sum |a_i * b_i|
 #
