@@ -10,9 +10,13 @@ Every session that needs torch shares one development environment
 when the constraints, a ``pyproject.toml`` or the tool list change. That keeps
 CI from installing torch once per session. ``build`` has its own small venv.
 
-A ``test-<device>`` session whose device is absent skips with one line and
-exits 0, unless ``NIELS_GPT_REQUIRE_DEVICE`` names it (``mps``, ``cuda``, a
-comma-separated list, or ``1`` for any): then absence fails the session.
+A ``test-<device>`` session first probes its device by computing on it
+(``niels_gpt_contracts.device_probe``: allocate, matmul + softmax, compare with
+the CPU, in a subprocess with a time limit), because a driver that reports the
+device available can still fail the first allocation. An absent or broken
+device skips the session with one line naming what failed and exits 0, unless
+``NIELS_GPT_REQUIRE_DEVICE`` names it (``mps``, ``cuda``, a comma-separated
+list, or ``1`` for any): then the session fails with that line.
 """
 
 from __future__ import annotations
@@ -155,27 +159,29 @@ def _device_required(kind: str) -> bool:
 
 def _absent(session: nox.Session, kind: str, why: str) -> None:
     if _device_required(kind):
-        session.error(f"{kind} is required ({REQUIRE_DEVICE_VAR}) but not available: {why}")
-    session.skip(f"{kind} not available on this machine, tests not run: {why}")
+        session.error(f"{kind} is required ({REQUIRE_DEVICE_VAR}) but not usable here: {why}")
+    session.skip(f"{kind} not usable here, tests not run: {why}")
 
 
-def _torch_sees(session: nox.Session, kind: str) -> tuple[bool, str]:
+def _probe(session: nox.Session, kind: str) -> tuple[bool, str]:
+    """Usable or not, and why: the contracts device probe, in the dev environment."""
     env = dev_env(session)
-    probe = (
-        "import sys, torch\n"
-        f"kind = {kind!r}\n"
-        "ok = torch.cuda.is_available() if kind == 'cuda' else "
-        "(torch.backends.mps.is_built() and torch.backends.mps.is_available())\n"
-        "print('yes' if ok else 'no')\n"
-    )
     python = str(_bin_dir(DEV_ENV) / "python")
     out = subprocess.run(
-        [python, "-c", probe], env={**os.environ, **env}, capture_output=True, text=True
+        [python, "-m", "niels_gpt_contracts.device_probe", kind],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        check=False,
     )
-    if out.returncode != 0:
-        session.error(f"could not probe {kind} with torch: {out.stderr.strip()}")
-    seen = out.stdout.strip() == "yes"
-    return seen, "" if seen else f"torch {kind} backend reports it unavailable"
+    lines = out.stdout.strip().splitlines()
+    if out.returncode not in (0, 1) or not lines:
+        tail = out.stderr.strip().splitlines()[-1:] or ["no output"]
+        session.error(f"the {kind} probe could not run (exit status {out.returncode}): {tail[0]}")
+    line = lines[-1]
+    if out.returncode == 0:
+        return True, line
+    return False, line.removeprefix(f"{kind}: unusable: ")
 
 
 def acceptance_dirs() -> list[str]:
@@ -193,10 +199,12 @@ def acceptance_dirs() -> list[str]:
 
 def device_tests(session: nox.Session, kind: str) -> None:
     if kind != "cpu":
-        for check in (lambda: _platform_can_have(kind), lambda: _torch_sees(session, kind)):
-            present, why = check()
-            if not present:
-                _absent(session, kind, why)
+        present, why = _platform_can_have(kind)  # no environment to build where it cannot be
+        if present:
+            present, why = _probe(session, kind)
+        if not present:
+            _absent(session, kind, why)
+        session.log(f"device probe: {why}")
     REPORTS.mkdir(exist_ok=True)
     run_dev(
         session,

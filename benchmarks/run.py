@@ -16,6 +16,7 @@ import os
 import platform
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks import reference as ref
-from benchmarks import train
+from benchmarks import rope_autocast, train
 from benchmarks.timing import measure, sync
 from niels_gpt.config import ModelConfig
 from niels_gpt.model.attention import CausalSelfAttention
@@ -123,30 +124,56 @@ def bench_attention(device: torch.device, rounds: int) -> list[dict[str, Any]]:
     return [_attention_case(shape, device, rounds) for shape in ((4, 8, 256, 64), (1, 8, 1024, 64))]
 
 
+def _autocast_matmul(
+    a: torch.Tensor, b: torch.Tensor, device: torch.device, *, linear: bool
+) -> Callable[[], torch.Tensor]:
+    """``a @ b`` (or ``linear(a, b)``, the projections' kernel) under bf16 autocast."""
+
+    def run() -> torch.Tensor:
+        with torch.autocast(device.type, dtype=train.AUTOCAST):
+            return F.linear(a, b) if linear else a @ b
+
+    return run
+
+
 def bench_train(device: torch.device, rounds: int, quick: bool) -> list[dict[str, Any]]:
     rows = []
     for config, (cfg, batch) in train.CONFIGS.items():
         heavy = config == "default"
+        # A CPU without bfloat16 arithmetic emulates it (several times slower than
+        # float32 here): the default config's bf16 steps would take most of the run.
+        variants = [v for v in train.VARIANTS if not (heavy and device.type == "cpu" and v[2])]
         steps = {}
         params = {}
-        for kind in train.MODELS:
+        for name, kind, autocast in variants:
             model = train.build(kind, cfg, device)
             params[kind] = train.n_params(model)
-            steps[kind] = train.make_step(model, cfg, batch, cfg.T, device)
+            steps[name] = train.make_step(model, cfg, batch, cfg.T, device, autocast=autocast)
         assert len(set(params.values())) == 1, f"models differ in size: {params}"
         n = 1024 if device.type == "cpu" else 4096
         a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
-        # The matmul peak is timed in the same rounds as the steps, so MFU compares
-        # like with like even when the machine's load drifts.
+
+        # The matmul peaks are timed in the same rounds as the steps, so MFU compares
+        # like with like even when the machine's load drifts. The bf16 peak is the
+        # faster of the two forms the steps use (projections, attention matmuls):
+        # where bfloat16 is emulated they differ by an order of magnitude.
         stats = measure(
-            {**steps, "matmul": lambda a=a, b=b: a @ b},
+            {
+                **steps,
+                "matmul": lambda a=a, b=b: a @ b,
+                "matmul bf16": _autocast_matmul(a, b, device, linear=False),
+                "matmul bf16 linear": _autocast_matmul(a, b, device, linear=True),
+            },
             device,
             rounds=2 if (heavy and quick) else (3 if heavy else rounds),
             warmup=1,
             min_sample_s=0.0 if heavy else 0.5,
         )
         del steps
-        memory = {kind: train.peak_memory(kind, config, device) for kind in train.MODELS}
+        memory = {
+            name: train.peak_memory(kind, config, device, autocast)
+            for name, kind, autocast in variants
+        }
         tokens = batch * cfg.T
         rows.append(
             {
@@ -155,8 +182,11 @@ def bench_train(device: torch.device, rounds: int, quick: bool) -> list[dict[str
                 "params": params["explicit"],
                 "tokens_per_step": tokens,
                 "flops_per_step": tokens * train.flops_per_token(cfg, params["explicit"], cfg.T),
-                "stats": {k: v.as_dict() for k, v in stats.items() if k != "matmul"},
+                "stats": {k: v.as_dict() for k, v in stats.items() if not k.startswith("matmul")},
                 "matmul_peak_flops": 2.0 * n**3 / stats["matmul"].median,
+                "matmul_bf16_peak_flops": 2.0
+                * n**3
+                / min(stats["matmul bf16"].median, stats["matmul bf16 linear"].median),
                 "memory": memory,
             }
         )
@@ -239,6 +269,10 @@ def table(res: dict[str, Any]) -> str:
             )
     lines.append("")
 
+    if "rope_autocast" in res:
+        lines.extend(rope_autocast.lines(res["rope_autocast"]))
+        lines.append("")
+
     lines.append("Attention core, forward + backward (explicit = stage 000 blocked core)")
     for a in res["attention"]:
         s = a["stats"]
@@ -260,24 +294,30 @@ def table(res: dict[str, Any]) -> str:
             f"  {row['config']}: V={c['V']} T={c['T']} C={c['C']} L={c['L']} H={c['H']} "
             f"d_ff={c['d_ff']} batch={c['batch']}  ({row['params'] / 1e6:.2f}M params)"
         )
+        peak16 = row.get("matmul_bf16_peak_flops")
         lines.append(
             f"    matmul peak in these rounds: {row['matmul_peak_flops'] / 1e9:.1f} GFLOP/s"
+            + (f" float32, {peak16 / 1e9:.1f} GFLOP/s bfloat16" if peak16 else "")
         )
         s = row["stats"]
         ref_t = s["reference"]["median_s"]
         ref_m = row["memory"]["reference"]["peak_bytes"]
-        for kind in ("explicit", "fastpath", "reference"):
-            secs = s[kind]["median_s"]
-            mem = row["memory"][kind]["peak_bytes"]
+        for name in s:
+            secs = s[name]["median_s"]
+            mem = row["memory"][name]["peak_bytes"]
             tps = row["tokens_per_step"] / secs
-            mfu = flops / secs / row["matmul_peak_flops"]
+            peak = peak16 if name.endswith(" bf16") and peak16 else row["matmul_peak_flops"]
+            mfu = flops / secs / peak
             lines.append(
-                f"    {kind:10s}{tps:10.0f} tok/s  x{ref_t / secs:5.2f} vs reference   "
+                f"    {name:15s}{tps:9.0f} tok/s  x{ref_t / secs:5.2f} vs reference   "
                 f"peak {mem / MIB:7.1f} MiB  x{mem / ref_m:5.2f}   MFU {100 * mfu:5.1f}%"
             )
     lines.append(f"  (peak memory: {res['train'][0]['memory']['explicit']['method']};")
-    lines.append("   MFU: nanoGPT's 6N + 12LCT FLOPs a token over a 1024^3 float32 matmul's")
-    lines.append("   FLOP/s timed in the same interleaved rounds as the steps)")
+    lines.append("   'bf16': the same step under bfloat16 autocast, float32 weights and AdamW,")
+    lines.append("   on the CPU for the small config only;")
+    lines.append("   MFU: nanoGPT's 6N + 12LCT FLOPs a token over a 1024^3 matmul's FLOP/s")
+    lines.append("   (float32, or the faster bf16-autocast matmul or linear for the bf16 rows)")
+    lines.append("   timed in the same rounds as the steps)")
     lines.append("")
 
     comp = res.get("compile")
@@ -421,6 +461,8 @@ def main(argv: list[str] | None = None) -> int:
     res["matmul_peak_flops"] = matmul_peak(device, rounds)
     stage("rope")
     res["rope"] = bench_rope(device, rounds)
+    stage("rope under autocast")
+    res["rope_autocast"] = rope_autocast.bench(device, rounds)
     stage("attention core")
     res["attention"] = bench_attention(device, rounds)
     stage("training steps")

@@ -1,4 +1,5 @@
-"""GPT v1 training steps (AdamW) for the explicit path, the fast path and the reference."""
+"""GPT v1 training steps (AdamW) for the explicit path, the fast path and the reference,
+each in float32 and under bfloat16 autocast."""
 
 from __future__ import annotations
 
@@ -16,6 +17,12 @@ from niels_gpt.model.fastpath import use_fast_attention
 from niels_gpt.model.gpt import GPT
 
 MODELS = ("explicit", "fastpath", "reference")
+# Training-step variants: (name, model kind, autocast dtype or None for float32).
+AUTOCAST = torch.bfloat16
+VARIANTS: tuple[tuple[str, str, torch.dtype | None], ...] = (
+    *((kind, kind, None) for kind in MODELS),
+    *((f"{kind} bf16", kind, AUTOCAST) for kind in MODELS),
+)
 # Dropout 0 (nanoGPT's pretraining default): with dropout > 0, SDPA on CPU leaves its
 # flash kernel for the unfused math kernel, which would handicap both SDPA models.
 CONFIGS: dict[str, tuple[ModelConfig, int]] = {
@@ -48,8 +55,14 @@ def make_step(
     t: int,
     device: torch.device,
     return_optimizer: bool = False,
+    autocast: torch.dtype | None = None,
 ) -> Any:
-    """One AdamW training step on a fixed random batch of ``batch`` x ``t`` tokens."""
+    """One AdamW training step on a fixed random batch of ``batch`` x ``t`` tokens.
+
+    With ``autocast`` the forward runs under ``torch.autocast(device, autocast)``
+    (float32 weights and optimizer, as in mixed-precision training); the loss
+    is taken in float32.
+    """
     gen = torch.Generator().manual_seed(1)
     ids = torch.randint(0, cfg.V, (batch, t + 1), generator=gen).to(device)
     x, y = ids[:, :-1], ids[:, 1:]
@@ -58,8 +71,9 @@ def make_step(
 
     def step() -> None:
         opt.zero_grad(set_to_none=True)
-        logits = model(x)  # (B, t, V)
-        loss = F.cross_entropy(logits.reshape(-1, cfg.V), y.reshape(-1))
+        with torch.autocast(device.type, dtype=autocast or AUTOCAST, enabled=autocast is not None):
+            logits = model(x)  # (B, t, V)
+        loss = F.cross_entropy(logits.float().reshape(-1, cfg.V), y.reshape(-1))
         loss.backward()
         opt.step()
 
@@ -82,7 +96,9 @@ def _held_bytes(model: nn.Module, opt: torch.optim.Optimizer) -> int:
     return sum(seen.values())
 
 
-def peak_memory(kind: str, config: str, device: torch.device) -> dict[str, object]:
+def peak_memory(
+    kind: str, config: str, device: torch.device, autocast: torch.dtype | None = None
+) -> dict[str, object]:
     """Peak bytes of one steady-state training step (after a first, warm-up step).
 
     Peak = what is held when the step starts (parameters and AdamW moments)
@@ -93,7 +109,9 @@ def peak_memory(kind: str, config: str, device: torch.device) -> dict[str, objec
     """
     cfg, batch = CONFIGS[config]
     model = build(kind, cfg, device)
-    step, opt = make_step(model, cfg, batch, cfg.T, device, return_optimizer=True)
+    step, opt = make_step(
+        model, cfg, batch, cfg.T, device, return_optimizer=True, autocast=autocast
+    )
     step()
     opt.zero_grad(set_to_none=True)  # the step would free them first thing anyway
     sync(device)

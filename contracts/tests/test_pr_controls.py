@@ -93,3 +93,19 @@ def test_a_pending_stage_downstream_does_not_block_a_pr(pr_repo: PrRepo) -> None
     pr_repo.pr("attention")
     code, out, err = pr_repo.verdict()
     assert code == 0, (out.get("violations"), err[-2000:])
+
+
+def test_an_absent_device_is_not_run_or_broken_when_required(pr_repo: PrRepo) -> None:
+    """The device is probed by computing on it (no MPS on the machines that run these tests)."""
+    pr_repo.replace(MIXER, "def mix(", '"""Mixing."""\n\n\ndef mix(')
+    pr_repo.pr("mixer")
+    code, out, err = pr_repo.verdict("--device", "mps", "--skip-mutants")
+    assert code == 0, (out.get("violations"), err[-2000:])
+    rows = {o["check"]: o for o in out["outcomes"]}
+    assert rows["device:mps"]["status"] == "NOT RUN"
+    assert rows["device:mps"]["summary"].startswith("mps not usable here, tests not run: ")
+    assert rows["mutants"]["status"] == "NOT RUN"
+    assert "tests:mps" not in rows
+    code, out, _ = pr_repo.verdict("--require-device", "mps", "--skip-mutants")
+    assert code == 1
+    assert [v["rule"] for v in out["violations"]] == ["device.not-run"]

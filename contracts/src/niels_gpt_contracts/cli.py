@@ -177,6 +177,11 @@ def _add_pr_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
     pr.add_argument(
         "--timeout", type=float, default=1800.0, metavar="S", help="time limit of one test run"
     )
+    pr.add_argument(
+        "--skip-mutants",
+        action="store_true",
+        help="leave the mutants out (NOT RUN): for a device job beside a full verdict on cpu",
+    )
     pr.add_argument("--format", choices=sorted(FORMATS), default="text")
     _add_output_and_repo(pr)
 
@@ -316,6 +321,7 @@ def _main_pr(args: argparse.Namespace) -> int:
         require_devices=args.require_device,
         jobs=args.jobs,
         timeout=args.timeout,
+        mutants=not args.skip_mutants,
     )
     return _judged(lambda: pr_verdict.run(request, _progress), render, render_error, args)
 

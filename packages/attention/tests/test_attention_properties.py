@@ -27,7 +27,10 @@ Tol = Callable[[torch.dtype], dict[str, float]]
 def configs(draw: st.DrawFn, dropout: float = 0.0) -> ModelConfig:
     H = draw(st.integers(1, 4))
     D = 2 * draw(st.integers(1, 4))
-    return ModelConfig(V=32, T=draw(st.integers(1, 12)), C=H * D, H=H, d_ff=8, dropout=dropout)
+    theta = draw(st.sampled_from([10000.0, 10.0, 500.0, 1e6]))  # rope_theta is read too
+    return ModelConfig(
+        V=32, T=draw(st.integers(1, 12)), C=H * D, H=H, d_ff=8, dropout=dropout, rope_theta=theta
+    )
 
 
 def _as_float32(value: float) -> float:

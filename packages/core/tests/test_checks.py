@@ -37,3 +37,12 @@ def test_check_features_and_like_name_expected_and_actual() -> None:
         check_like(x, "x", torch.zeros(1, dtype=torch.float64), "m")
     with pytest.raises(InputError, match="meta"):
         check_like(x, "x", torch.zeros(1, device="meta"), "m")
+
+
+@pytest.mark.invariant("core.input_checks")
+def test_check_length_names_what_it_checks() -> None:
+    """``what=`` at a non-default value is the subject of the message."""
+    with pytest.raises(InputError, match=r"^prompt length must be in \[1, 4\] \(cfg.T\), got 5$"):
+        check_length(5, 4, what="prompt length")
+    with pytest.raises(InputError, match=r"^sequence length t must be in \[1, 4\]"):
+        check_length(5, 4)

@@ -95,6 +95,21 @@ def test_cache_shape_device_dtype(
     assert (default_sin.dtype, default_sin.device.type) == (torch.float32, "cpu")
 
 
+@pytest.mark.invariant("rope.cache_values")
+def test_cache_goes_to_the_requested_device_and_dtype() -> None:
+    """device= and dtype= at non-default values on any machine: the meta device
+    exists everywhere, so ignoring device= shows even where only a CPU does."""
+    sin, cos = rope_cache(6, 4, device="meta", dtype=torch.bfloat16)
+    for table in (sin, cos):
+        assert (table.device.type, table.dtype, table.shape) == (
+            "meta",
+            torch.bfloat16,
+            (1, 1, 6, 2),
+        )
+    sin, _ = rope_cache(6, 4, device=torch.device("meta"))
+    assert (sin.device.type, sin.dtype) == ("meta", torch.float32)
+
+
 @pytest.mark.invariant("rope.matches_complex_reference")
 @given(shape=shapes, theta=thetas, seed=st.integers(0, 2**16), data=st.data())
 def test_apply_rope_matches_complex_reference(

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from niels_gpt_contracts import device_probe
 from niels_gpt_contracts.checks import api, devices, gate, invariants, pr_context
 from niels_gpt_contracts.checks.modules import namespaces
 from niels_gpt_contracts.errors import ConfigError
@@ -35,6 +36,7 @@ from niels_gpt_contracts.mutants.runner import Cache
 from niels_gpt_contracts.result import Outcome, Result, Violation
 from niels_gpt_contracts.sandbox import processes, pytest_run, runtime_probe, workspace
 from niels_gpt_contracts.sandbox.environment import Sandbox, build
+from niels_gpt_contracts.spec import Spec
 from niels_gpt_contracts.verdict import integrity, plan, ratchet, runtime
 from niels_gpt_contracts.verdict.mutation import CACHE_NAME, run_mutants
 
@@ -180,6 +182,22 @@ def _tests_summary(runs: list[pytest_run.PytestRun]) -> str:
     return text
 
 
+def _device_usable(
+    result: Result, spec: Spec, device: str, box: Sandbox, request: PrRequest
+) -> bool:
+    """Probe ``device`` by computing on it; record why when it cannot run the tests."""
+    found = device_probe.probe(device, python=box.python)
+    if found.ok:
+        return True
+    why = f"{device} not usable here, tests not run: {found.reason}"
+    if device in request.require_devices:
+        v = Violation("device.not-run", spec.path, None, why, spec.id, f"device:{device}")
+        result.outcomes.append(Outcome(spec.id, f"device:{device}", "BROKEN", why, [v]))
+    else:
+        result.outcomes.append(Outcome(spec.id, f"device:{device}", "NOT RUN", why))
+    return False
+
+
 def _tampered(stage: str, paths: list[str]) -> Outcome:
     message = "changed while the PR's code ran: the PR's code wrote outside its sandbox"
     found = [Violation("sandbox.tampered", p, None, message, stage, "sandbox") for p in paths[:20]]
@@ -222,6 +240,9 @@ def run(request: PrRequest, say: Say) -> Result:
         runner = _Runner(box, w, jobs, request.timeout)
         rules = p.rules()
         for device in request.devices:
+            usable = device == "cpu" or _device_usable(result, spec, device, box, request)
+            if not usable:
+                continue
             probe = runtime_probe.run(
                 box,
                 [rule for _, rule in rules],
@@ -240,6 +261,9 @@ def run(request: PrRequest, say: Say) -> Result:
             result.outcomes.append(devices.device_outcome(spec, device, report, required))
         if request.mutants:
             result.outcomes.append(run_mutants(ctx, p, w, box, request, kills, say))
+        else:
+            why = "skipped (--skip-mutants: a device job beside a full verdict)"
+            result.outcomes.append(Outcome(spec.id, "mutants", "NOT RUN", why))
         tampered = guard.changes()
     if tampered and request.python is None:
         # Never reuse an environment the PR's code may have poisoned.

@@ -12,6 +12,11 @@ A call with ``return_attn=True`` runs the explicit parent, so traces are exactly
 the explicit path's. The subclass adds no parameters and no buffers, which is
 what makes an in-place switch possible: ``use_fast_attention`` changes the class
 of each explicit attention module inside a model, and nothing else.
+
+Under ``torch.autocast`` or in a half-precision module the fast path makes the
+explicit path's precision choice for RoPE (float32 rotation, back to the
+activation dtype; see ``niels_gpt.model.attention``), then SDPA runs on q, k and
+v in the activation dtype with its own internal softmax precision.
 """
 
 from __future__ import annotations
@@ -62,7 +67,9 @@ class FastCausalSelfAttention(CausalSelfAttention):
         q = q.view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
         k = k.view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
         v = v.view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
-        q, k = rope.apply_rope(q, k, self.rope_sin, self.rope_cos)  # (B, H, T, D) each
+        # RoPE in float32 and back, as the explicit path does (see its module docstring)
+        q_rot, k_rot = rope.apply_rope(*self._rope_operands(q, k))  # (B, H, T, D), float32+
+        q, k = q_rot.to(v.dtype), k_rot.to(v.dtype)  # (B, H, T, D) in the activation dtype
         out = F.scaled_dot_product_attention(
             q,
             k,
