@@ -15,8 +15,9 @@ asserts that after wrapping and after every checkpoint load.
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Iterator
-from typing import Literal
+from typing import Any, Literal
 
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
@@ -31,6 +32,7 @@ __all__ = [
     "choose_mode",
     "gradient_sync",
     "is_sharded",
+    "no_buffer_sync",
     "unwrap",
     "wrap",
 ]
@@ -72,9 +74,8 @@ def wrap(model: GPT, mode: Mode, runtime: Runtime) -> nn.Module:
     """
     if mode == "ddp":
         device_ids = [runtime.device.index] if runtime.device.type == "cuda" else None
-        # The RoPE tables and the causal mask are constants: no buffer broadcast.
         engine: nn.Module = DistributedDataParallel(
-            model, device_ids=device_ids, broadcast_buffers=False
+            model, device_ids=device_ids, **no_buffer_sync()
         )
     elif mode == "fsdp":
         from torch.distributed.device_mesh import init_device_mesh
@@ -89,6 +90,18 @@ def wrap(model: GPT, mode: Mode, runtime: Runtime) -> nn.Module:
         engine = model
     check_tied(model)
     return engine
+
+
+def no_buffer_sync() -> dict[str, Any]:
+    """DDP keywords that skip the per-forward buffer broadcast.
+
+    The RoPE tables and the causal mask are constants, the same on every rank.
+    Newer torch spells it ``forward_sync_buffers=False`` (and deprecates the
+    old ``broadcast_buffers=False``); older torch knows only the old name.
+    """
+    known = inspect.signature(DistributedDataParallel.__init__).parameters
+    name = "forward_sync_buffers" if "forward_sync_buffers" in known else "broadcast_buffers"
+    return {name: False}
 
 
 @contextlib.contextmanager
