@@ -33,13 +33,13 @@ from niels_gpt_experiments.report import markdown_table, plot_curves, text_table
 
 __all__ = ["STUDY", "main", "study_config"]
 
-# The default study: a 0.8M-parameter model, 300 steps of 16 x 128 tokens.
+# The default study: a 0.9M-parameter model, 250 steps of 16 x 128 tokens (512k tokens).
 STUDY: dict[str, Any] = {
     "T": 128,
     "C": 128,
     "L": 4,
     "H": 4,
-    "steps": 300,
+    "steps": 250,
     "batch_size": 16,
     "lr": 2e-3,
     "warmup": 30,
@@ -82,16 +82,28 @@ def _rss_peak() -> int:
     return int(peak) * (1 if sys.platform == "darwin" else 1024)  # bytes on macOS, KiB on Linux
 
 
-def _worker(cfg: TrainConfig, result_path: Path) -> None:
-    """Train one (model, seed) in this fresh process and write what it measured."""
+def _worker(cfg: TrainConfig, result_path: Path, threads: int) -> None:
+    """Train one (model, seed) in this fresh process and write what it measured.
+
+    The run's own output goes to ``<result>.log`` beside the result, so that
+    runs side by side do not interleave on the terminal.
+    """
+    import contextlib
+
     import torch
 
     from niels_gpt.device import resolve_device
     from niels_gpt_experiments.trainer import train
 
     cuda = resolve_device(cfg.device).type == "cuda"
+    torch.set_num_threads(threads)
     before = _rss_now()
-    result = train(cfg)
+    with (
+        result_path.with_suffix(".log").open("w") as log,
+        contextlib.redirect_stdout(log),
+        contextlib.redirect_stderr(log),
+    ):
+        result = train(cfg)
     if cuda:
         peak, method = torch.cuda.max_memory_allocated(), "torch.cuda.max_memory_allocated"
     else:
@@ -113,18 +125,41 @@ def _worker(cfg: TrainConfig, result_path: Path) -> None:
     result_path.write_text(json.dumps(record) + "\n")
 
 
-def _run_isolated(cfg: TrainConfig, result_path: Path, timeout_s: float) -> dict[str, Any]:
-    process = process_context().Process(target=_worker, args=(cfg, result_path))
-    process.start()
-    process.join(timeout_s)
-    if process.is_alive():
-        process.terminate()
-        process.join(10)
-        raise RuntimeError(f"{cfg.model} seed {cfg.seed} did not finish within {timeout_s:.0f} s")
-    if process.exitcode != 0 or not result_path.is_file():
-        raise RuntimeError(f"{cfg.model} seed {cfg.seed} failed (exit code {process.exitcode})")
-    record: dict[str, Any] = json.loads(result_path.read_text())
-    return record
+def _run_side_by_side(
+    configs: Sequence[TrainConfig], out: Path, threads: int, timeout_s: float
+) -> list[dict[str, Any]]:
+    """Train ``configs`` at the same time, one fresh process each; wait for all.
+
+    Raises:
+        RuntimeError: a run failed or outlived ``timeout_s`` (all are stopped).
+    """
+    context = process_context()
+    paths = [out / f"{cfg.model}-seed{cfg.seed}.json" for cfg in configs]
+    procs = [
+        context.Process(target=_worker, args=(cfg, path, threads))
+        for cfg, path in zip(configs, paths, strict=True)
+    ]
+    for proc in procs:
+        proc.start()
+    deadline = time.monotonic() + timeout_s
+    try:
+        for proc in procs:
+            proc.join(max(0.0, deadline - time.monotonic()))
+    finally:
+        for proc in procs:
+            if proc.is_alive():
+                proc.kill()
+                proc.join(10)
+    records = []
+    for cfg, path, proc in zip(configs, paths, procs, strict=True):
+        if proc.exitcode != 0 or not path.is_file():
+            log = path.with_suffix(".log")
+            raise RuntimeError(
+                f"{cfg.model} seed {cfg.seed} failed or timed out (exit code {proc.exitcode}); "
+                f"its output: {log}"
+            )
+        records.append(json.loads(path.read_text()))
+    return records
 
 
 def _machine() -> str:
@@ -156,11 +191,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--corpus", type=Path, help="folder or text file (default: stdlib)")
     parser.add_argument("--data-dir", type=Path, help="token array cache")
     parser.add_argument("--out", type=Path, default=Path("runs/ablate"), help="output folder")
+    parser.add_argument("--jobs", type=int, help="runs side by side (default: 2 on CPU, 1 on GPU)")
+    parser.add_argument("--threads", type=int, help="torch threads per run (default: cores/jobs)")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds allowed per run")
     args = parser.parse_args(argv)
     seeds = args.seeds if args.seeds is not None else (2 if args.quick else 3)
-    if seeds < 1:
-        parser.error(f"--seeds must be >= 1, got {seeds}")
+    cores = os.cpu_count() or 1
+    jobs = args.jobs if args.jobs is not None else (1 if args.device != "cpu" else min(2, cores))
+    threads = args.threads if args.threads is not None else max(1, cores // jobs)
+    for name, value in (("--seeds", seeds), ("--jobs", jobs), ("--threads", threads)):
+        if value < 1:
+            parser.error(f"{name} must be >= 1, got {value}")
     extra: dict[str, Any] = {
         "device": args.device,
         "corpus": args.corpus,
@@ -181,20 +222,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     date = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     t0 = time.perf_counter()
-    runs = []
-    for cfg in configs:
-        print(f"[{time.perf_counter() - t0:6.0f} s] {cfg.model} seed {cfg.seed} ...", flush=True)
+    runs: list[dict[str, Any]] = []
+    for start in range(0, len(configs), jobs):
+        batch = configs[start : start + jobs]
+        names = ", ".join(f"{c.model} seed {c.seed}" for c in batch)
+        print(f"[{time.perf_counter() - t0:6.0f} s] {names} ...", flush=True)
         try:
-            record = _run_isolated(cfg, args.out / f"{cfg.model}-seed{cfg.seed}.json", args.timeout)
+            records = _run_side_by_side(batch, args.out, threads, args.timeout)
         except RuntimeError as err:
             print(f"niels-ablate: {err}", file=sys.stderr)
             return 1
-        runs.append(record)
-        print(
-            f"         val loss {record['final_val_loss']:.4f}, "
-            f"{record['tokens_per_s']:,.0f} tokens/s",
-            flush=True,
-        )
+        for record in records:
+            print(
+                f"         {record['model']} seed {record['seed']}: val loss "
+                f"{record['final_val_loss']:.4f}, {record['tokens_per_s']:,.0f} tokens/s",
+                flush=True,
+            )
+        runs.extend(records)
     wall = time.perf_counter() - t0
     first = configs[0]
     machine = _machine()
@@ -205,11 +249,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"width {first.C}, {first.L} layers, {first.H} heads; "
         f"corpus {runs[0]['corpus']['source']} ({runs[0]['corpus']['python']})\n"
     )
+    header += (
+        f"{jobs} run(s) side by side, {threads} torch thread(s) each "
+        "(v0 and v1 of a seed together, so both see the same load)\n"
+    )
     text = header + text_table(runs, runs[0]["memory_method"]) + f"wall time: {wall:.0f} s\n"
     print(text, end="")
     (args.out / "ablation.txt").write_text(text)
     (args.out / "ablation.md").write_text(markdown_table(runs))
-    summary = {"date": date, "machine": machine, "wall_s": wall, "runs": runs}
+    summary = {"date": date, "machine": machine, "wall_s": wall, "jobs": jobs,
+               "threads": threads, "runs": runs}  # fmt: skip
     (args.out / "ablation.json").write_text(json.dumps(summary, indent=1) + "\n")
     title = f"v0 vs v1, {seeds} seed(s), {runs[0]['params']:,} vs {runs[1]['params']:,} params"
     if plot_curves(runs, args.out / "ablation.png", title, f"{machine}\n{date}"):

@@ -31,9 +31,7 @@ __all__ = [
     "check_tied",
     "choose_mode",
     "gradient_sync",
-    "is_sharded",
     "no_buffer_sync",
-    "unwrap",
     "wrap",
 ]
 
@@ -107,27 +105,15 @@ def no_buffer_sync() -> dict[str, Any]:
 @contextlib.contextmanager
 def gradient_sync(engine: nn.Module, mode: Mode, enabled: bool) -> Iterator[None]:
     """Reduce gradients across ranks only when ``enabled`` (the last micro-batch)."""
+    engine = getattr(engine, "_orig_mod", engine)  # under torch.compile: the wrapped module
     if mode == "ddp" and not enabled:
-        assert isinstance(engine, DistributedDataParallel)
+        if not isinstance(engine, DistributedDataParallel):
+            raise TypeError(
+                f"DDP mode needs a DistributedDataParallel, got {type(engine).__name__}"
+            )
         with engine.no_sync():
             yield
         return
     if mode == "fsdp":
         engine.set_requires_gradient_sync(enabled)  # type: ignore[operator]
     yield
-
-
-def unwrap(engine: nn.Module) -> nn.Module:
-    """The model inside a DDP wrapper or a ``torch.compile`` module."""
-    inner = getattr(engine, "_orig_mod", engine)
-    if isinstance(inner, DistributedDataParallel):
-        inner = inner.module
-    assert isinstance(inner, nn.Module)
-    return inner
-
-
-def is_sharded(model: nn.Module) -> bool:
-    """Whether FSDP2 manages ``model``'s parameters (they are ``DTensor`` shards)."""
-    from torch.distributed.tensor import DTensor
-
-    return any(isinstance(p, DTensor) for p in model.parameters())
