@@ -12,10 +12,13 @@ from torch import nn
 
 from niels_gpt.model.gpt import GPT
 from niels_gpt_experiments.batches import eval_offsets, read_rows
+from niels_gpt_experiments.config import TrainConfig
+from niels_gpt_experiments.parallel import Mode
+from niels_gpt_experiments.progress import Display
 from niels_gpt_experiments.runtime import Runtime, all_reduce_sum
 from niels_gpt_experiments.sampling import generate, printable
 
-__all__ = ["next_token_loss", "samples", "validation_loss"]
+__all__ = ["evaluate", "next_token_loss", "samples", "show_samples", "validation_loss"]
 
 
 def next_token_loss(
@@ -100,3 +103,47 @@ def samples(
         )  # (1, t + n)
         out[name] = printable(bytes(ids[0].tolist()))
     return out
+
+
+def evaluate(
+    cfg: TrainConfig,
+    model: GPT,
+    tokens: np.ndarray[Any, np.dtype[np.uint8]],
+    micro: int,
+    runtime: Runtime,
+    autocast: contextlib.AbstractContextManager[object],
+) -> float:
+    """The run's validation loss over its fixed windows (every rank calls it)."""
+    rows = cfg.eval_batches * cfg.batch_size
+    return validation_loss(model, tokens, rows, micro, cfg.T, runtime, autocast)
+
+
+def show_samples(
+    cfg: TrainConfig,
+    model: GPT,
+    runtime: Runtime,
+    autocast: contextlib.AbstractContextManager[object],
+    mode: Mode,
+    step: int,
+    display: Display,
+) -> None:
+    """Print a greedy and a sampled continuation of ``cfg.prompt`` (rank 0 prints).
+
+    Under FSDP every rank takes part in every forward, so all ranks generate;
+    otherwise rank 0 alone does.
+    """
+    if cfg.sample_tokens == 0 or not (runtime.is_main or mode == "fsdp"):
+        return
+    with autocast:
+        texts = samples(
+            model,
+            cfg.prompt,
+            cfg.sample_tokens,
+            temperature=cfg.temperature,
+            top_k=cfg.top_k,
+            seed=cfg.seed + step,
+            device=runtime.device,
+            allow_cache=mode != "fsdp",
+        )
+    for name, text in texts.items():
+        display.say(f"--- {name} (step {step}) ---\n{text}")

@@ -148,7 +148,6 @@ def _train_all(tasks: Sequence[Task], folder: str) -> None:
             continue
         result = train(task, keep_state=True)
         if dist.get_rank() == 0:
-            assert result.final_state is not None
             record = {
                 "losses": result.losses,
                 "val_losses": result.val_losses,

@@ -23,12 +23,11 @@ import numpy as np
 import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-from niels_gpt.model.gpt import GPT
 from niels_gpt_experiments import checkpoint
 from niels_gpt_experiments.batches import Layout, read_rows, train_offsets
 from niels_gpt_experiments.config import AUTOCAST_DTYPES, RUN_DEFINING, TrainConfig
 from niels_gpt_experiments.corpus import Corpus, open_corpus
-from niels_gpt_experiments.evaluation import next_token_loss, samples, validation_loss
+from niels_gpt_experiments.evaluation import evaluate, next_token_loss, show_samples
 from niels_gpt_experiments.models import build_model, n_params
 from niels_gpt_experiments.parallel import Mode, check_tied, choose_mode, gradient_sync, wrap
 from niels_gpt_experiments.progress import Display, MetricsLog
@@ -84,6 +83,29 @@ def _optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
 def _rng_state(device: torch.device) -> dict[str, torch.Tensor | None]:
     cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
     return {"cpu": torch.get_rng_state(), "cuda": cuda}
+
+
+def _restore_rng(
+    states: list[dict[str, torch.Tensor | None]],
+    cfg: TrainConfig,
+    runtime: Runtime,
+    step: int,
+    display: Display,
+) -> None:
+    """This rank's saved RNG states; on another world size, a fresh seed per rank."""
+    if len(states) != runtime.world:  # the dropout streams cannot continue: reseed them
+        torch.manual_seed(cfg.seed + 1 + runtime.rank + 7919 * step)
+        display.say(
+            f"note: RNG states saved by {len(states)} ranks, now {runtime.world}; "
+            "dropout streams reseeded"
+        )
+        return
+    mine = states[runtime.rank]
+    cpu, cuda = mine["cpu"], mine["cuda"]
+    if cpu is not None:
+        torch.set_rng_state(cpu)
+    if cuda is not None and runtime.device.type == "cuda":
+        torch.cuda.set_rng_state(cuda, runtime.device)
 
 
 def _check_same_run(saved_json: str, cfg: TrainConfig) -> None:
@@ -175,7 +197,6 @@ def _train(cfg: TrainConfig, runtime: Runtime, keep_state: bool) -> TrainResult:
     scaler = torch.amp.GradScaler(device.type, enabled=cfg.precision == "fp16")
     display = Display(runtime.is_main, cfg.steps, bar=cfg.progress)
 
-    first = 0
     found = checkpoint.latest(cfg.out_dir) if cfg.resume else None
     if found is not None:
         state = checkpoint.load(found, model, optimizer, runtime)
@@ -183,19 +204,10 @@ def _train(cfg: TrainConfig, runtime: Runtime, keep_state: bool) -> TrainResult:
         scheduler.load_state_dict(state["scheduler"])
         scaler.load_state_dict(state["scaler"])
         first = int(state["step"])
-        if len(state["rng"]) == runtime.world:
-            rng = state["rng"][runtime.rank]
-            torch.set_rng_state(rng["cpu"])
-            if rng["cuda"] is not None and device.type == "cuda":
-                torch.cuda.set_rng_state(rng["cuda"], device)
-        else:  # another world size: the dropout streams cannot continue; reseed them
-            torch.manual_seed(cfg.seed + 1 + runtime.rank + 7919 * first)
-            display.say(
-                f"note: RNG states saved by {len(state['rng'])} ranks, now "
-                f"{runtime.world}; dropout streams reseeded"
-            )
+        _restore_rng(state["rng"], cfg, runtime, first, display)
         display.say(f"resumed from {found.name} at step {first}")
     else:
+        first = 0
         torch.manual_seed(cfg.seed + 1 + runtime.rank)  # each rank its own dropout stream
     if cfg.compile:
         engine = torch.compile(engine)  # type: ignore[assignment]
@@ -244,14 +256,16 @@ def _train(cfg: TrainConfig, runtime: Runtime, keep_state: bool) -> TrainResult:
                 tokens_per_s=cfg.tokens_per_step / seconds,
             )
 
-            evaluate = done % cfg.eval_every == 0 or done == cfg.steps
-            if evaluate:
-                _evaluate(
-                    cfg, model, corpus, layout, runtime, autocast, mode, done, display, log, result
-                )
+            due = done % cfg.eval_every == 0 or done == cfg.steps
+            if due:
+                val = evaluate(cfg, model, corpus.val, layout.micro, runtime, autocast)
+                result.val_losses[done] = val
+                log.write(step=done, val_loss=val, tokens=done * cfg.tokens_per_step)
+                display.say(f"step {done}: val loss {val:.4f}, train loss {mean_loss:.4f}")
+                show_samples(cfg, model, runtime, autocast, mode, done, display)
             every = cfg.checkpoint_every
-            if (evaluate if every is None else done % every == 0) or done == last:
-                state = {
+            if (due if every is None else done % every == 0) or done == last:
+                saved = {
                     "step": done,
                     "scheduler": scheduler.state_dict(),
                     "scaler": scaler.state_dict(),
@@ -259,7 +273,7 @@ def _train(cfg: TrainConfig, runtime: Runtime, keep_state: bool) -> TrainResult:
                     "config": json.dumps(cfg.as_json()),
                 }
                 checkpoint.save(
-                    cfg.out_dir, done, model, optimizer, state, runtime, cfg.keep_checkpoints
+                    cfg.out_dir, done, model, optimizer, saved, runtime, cfg.keep_checkpoints
                 )
     check_tied(model)
     if keep_state:
@@ -269,38 +283,3 @@ def _train(cfg: TrainConfig, runtime: Runtime, keep_state: bool) -> TrainResult:
             k: v.detach().clone() for k, v in full.items() if isinstance(v, torch.Tensor)
         }
     return result
-
-
-def _evaluate(
-    cfg: TrainConfig,
-    model: GPT,
-    corpus: Corpus,
-    layout: Layout,
-    runtime: Runtime,
-    autocast: contextlib.AbstractContextManager[object],
-    mode: Mode,
-    step: int,
-    display: Display,
-    log: MetricsLog,
-    result: TrainResult,
-) -> None:
-    rows = cfg.eval_batches * cfg.batch_size
-    val = validation_loss(model, corpus.val, rows, layout.micro, cfg.T, runtime, autocast)
-    result.val_losses[step] = val
-    log.write(step=step, val_loss=val, tokens=step * cfg.tokens_per_step)
-    display.say(f"step {step}: val loss {val:.4f}, train loss {result.losses[step]:.4f}")
-    if cfg.sample_tokens == 0 or not (runtime.is_main or mode == "fsdp"):
-        return  # FSDP ranks all take part in every forward; otherwise rank 0 alone samples
-    with autocast:
-        texts = samples(
-            model,
-            cfg.prompt,
-            cfg.sample_tokens,
-            temperature=cfg.temperature,
-            top_k=cfg.top_k,
-            seed=cfg.seed + step,
-            device=runtime.device,
-            allow_cache=mode != "fsdp",
-        )
-    for name, text in texts.items():
-        display.say(f"--- {name} (step {step}) ---\n{text}")
