@@ -60,10 +60,11 @@ def test_quick_study_end_to_end(corpus_dir: Path, data_dir: Path, tmp_path: Path
     for r in runs:
         assert r["tokens"] == runs[0]["tokens"]  # equal tokens for every run
         assert abs(r["params"] - runs[0]["params"]) / runs[0]["params"] < 1e-2
-        assert r["peak_bytes"] > 0 and r["tokens_per_s"] > 0
+        assert r["peak_bytes"] > 0 and r["tokens_per_s"] > 0 and r["cpu_s"] > 0
         assert sorted(r["val_curve"], key=int)[-1] == str(r["tokens"] // r["tokens_per_step"])
     text = (out / "ablation.txt").read_text()
     assert "v0 (LayerNorm + GELU)" in text and "± " in text and summary["machine"] in text
+    assert "CPU time of the runs" in text
     assert (out / "ablation.md").read_text().startswith("| model | params |")
     assert (out / "ablation.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

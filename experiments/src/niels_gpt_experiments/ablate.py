@@ -83,6 +83,12 @@ def _rss_peak() -> int:
     return int(peak) * (1 if sys.platform == "darwin" else 1024)  # bytes on macOS, KiB on Linux
 
 
+def _cpu_seconds() -> float:
+    """User + system CPU time of this process so far."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return float(usage.ru_utime + usage.ru_stime)
+
+
 def _worker(cfg: TrainConfig, result_path: Path, threads: int) -> None:
     """Train one (model, seed) in this fresh process and write what it measured.
 
@@ -120,6 +126,7 @@ def _worker(cfg: TrainConfig, result_path: Path, threads: int) -> None:
         "train_curve": {str(k): v for k, v in result.losses.items()},
         "tokens_per_s": result.tokens_per_s,
         "peak_bytes": peak,
+        "cpu_s": _cpu_seconds(),
         "memory_method": method,
         "corpus": result.corpus_meta,
     }
@@ -254,7 +261,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{jobs} run(s) side by side, {threads} torch thread(s) each "
         "(v0 and v1 of a seed together, so both see the same load)\n"
     )
-    text = header + text_table(runs, runs[0]["memory_method"]) + f"wall time: {wall:.0f} s\n"
+    cpu, cores = sum(r["cpu_s"] for r in runs), os.cpu_count() or 1
+    footer = (
+        f"wall time: {wall:.0f} s; CPU time of the runs: {cpu:.0f} s "
+        f"(= {cpu / cores:.0f} s of wall on {cores} otherwise idle cores)\n"
+    )
+    text = header + text_table(runs, runs[0]["memory_method"]) + footer
     print(text, end="")
     (args.out / "ablation.txt").write_text(text)
     (args.out / "ablation.md").write_text(markdown_table(runs))
