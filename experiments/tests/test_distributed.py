@@ -120,7 +120,7 @@ def _load_final(run_dir: Path, cfg: TrainConfig) -> TrainResult:
     optimizer = torch.optim.AdamW(model.parameters())
     state = checkpoint.load(found, model, optimizer, Runtime(0, 1, torch.device("cpu"), False))
     assert state["step"] == STEPS
-    result = TrainResult(cfg, "single", 1, n_params(model), STEPS)
+    result = TrainResult(cfg, "single", 1, 0, n_params(model), STEPS)
     result.final_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     return result
 

@@ -138,7 +138,7 @@ def train_main(argv: Sequence[str] | None = None) -> int:
     except (CorpusError, CheckpointError) as err:
         print(f"niels-train: {err}", file=sys.stderr)
         return 1
-    if result.val_losses and result.world >= 1:
+    if result.val_losses and result.rank == 0:
         step, val = max(result.val_losses.items())
         print(f"done: step {step}, val loss {val:.4f}, {result.tokens_per_s:,.0f} tokens/s")
     return 0

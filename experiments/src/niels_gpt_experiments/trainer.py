@@ -46,6 +46,7 @@ class TrainResult:
     config: TrainConfig
     mode: Mode
     world: int
+    rank: int
     n_params: int
     first_step: int  # 0, or the checkpoint step this run resumed from
     losses: dict[int, float] = field(default_factory=dict)  # step -> train loss
@@ -212,7 +213,9 @@ def _train(cfg: TrainConfig, runtime: Runtime, keep_state: bool) -> TrainResult:
     if cfg.compile:
         engine = torch.compile(engine)  # type: ignore[assignment]
 
-    result = TrainResult(cfg, mode, runtime.world, n_params(model), first, corpus_meta=corpus.meta)
+    result = TrainResult(
+        cfg, mode, runtime.world, runtime.rank, n_params(model), first, corpus_meta=corpus.meta
+    )
     log = MetricsLog(cfg.out_dir / "metrics.jsonl", runtime.is_main, first if found else None)
     autocast = _autocast(cfg, device)
     last = min(cfg.steps, cfg.stop_after or cfg.steps)
