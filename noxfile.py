@@ -360,3 +360,68 @@ def build(session: nox.Session) -> None:
             str(dist),
             str(project),
         )
+
+
+# --- the downstream experiment ------------------------------------------------
+
+EXPERIMENTS = ROOT / "experiments"
+
+
+@nox.session(name="test-experiments")
+def test_experiments(session: nox.Session) -> None:
+    """The experiment as a user gets it: wheels built here, a fresh venv, no source tree.
+
+    Builds a wheel of every stage, of the checker (its pytest plugin gives the
+    tests ``--device``) and of ``experiments/``; installs them with
+    ``-c constraints.txt`` into a new venv; checks that every import resolves
+    to that venv; runs the experiment's tests there (the 2-process gloo ones
+    included) and ``niels-train --quick`` and ``niels-ablate --quick``.
+    Posargs go to pytest. One intra-op thread: the models are tiny and the
+    machine is shared, where spinning OpenMP threads only cost time.
+    """
+    session.install("-c", str(CONSTRAINTS), "build", "hatchling")
+    tmp = Path(session.create_tmp()) / "experiments"
+    shutil.rmtree(tmp, ignore_errors=True)
+    wheels, venv, work = tmp / "wheels", tmp / "venv", tmp / "work"
+    for project in (*PACKAGES, CONTRACTS, EXPERIMENTS):
+        session.run(
+            "python", "-m", "build", "--wheel", "--no-isolation", "--outdir", str(wheels),
+            str(project), silent=True,
+        )  # fmt: skip
+    # A bare venv, filled by the session's own pip (``--python``): no ensurepip,
+    # no byte-compiling of torch's thousands of modules; both cost time, not coverage.
+    session.run(sys.executable, "-m", "venv", "--without-pip", str(venv), external=True)
+    bin_dir = _bin_dir(venv)
+    python = str(bin_dir / "python")
+    session.run(
+        "python", "-m", "pip", "--python", python, "install", "--quiet", "--no-compile",
+        "-c", str(CONSTRAINTS), "--find-links", str(wheels), "niels-gpt-experiments[test,plot]",
+    )  # fmt: skip
+    env = {
+        "PATH": os.pathsep.join((str(bin_dir), os.environ.get("PATH", ""))),
+        "VIRTUAL_ENV": str(venv),
+        "OMP_NUM_THREADS": "1",
+    }
+    probe = (
+        "import sys, torch, niels_gpt.model.gpt as g, niels_gpt.model.block_v0 as b, "
+        "niels_gpt_experiments as e\n"
+        "paths = [g.__file__, b.__file__, e.__file__]\n"
+        "outside = [p for p in paths if not p.startswith(sys.prefix)]\n"
+        "assert not outside, f'imported from the source tree, not the wheels: {outside}'\n"
+        "print(f'wheels in {sys.prefix}: torch {torch.__version__}, cuda {torch.version.cuda}')\n"
+    )
+    session.run(python, "-c", probe, env=env, external=True)
+    session.run(
+        python, "-m", "pytest", "-c", str(EXPERIMENTS / "pyproject.toml"),
+        f"--rootdir={EXPERIMENTS}", str(EXPERIMENTS / "tests"), "-p", "no:cacheprovider",
+        *session.posargs, env=env, external=True,
+    )  # fmt: skip
+    data = str(work / "data")
+    session.run(
+        str(bin_dir / "niels-train"), "--quick", "--out", str(work / "train"), "--data-dir", data,
+        "--device", "cpu", env=env, external=True,
+    )  # fmt: skip
+    session.run(
+        str(bin_dir / "niels-ablate"), "--quick", "--out", str(work / "ablate"), "--data-dir", data,
+        env=env, external=True,
+    )  # fmt: skip

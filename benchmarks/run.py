@@ -23,6 +23,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from benchmarks import experiments as downstream
 from benchmarks import reference as ref
 from benchmarks import rope_autocast, train
 from benchmarks.timing import measure, sync
@@ -342,6 +343,7 @@ def table(res: dict[str, Any]) -> str:
         lines.append(f"  {t:6d}{vals}")
     lines.append("")
 
+    lines.extend(downstream.table_lines(res))
     lines.append("Targets")
     for name, ok, detail in targets(res):
         lines.append(f"  [{'met ' if ok else 'MISS'}] {name}: {detail}")
@@ -472,6 +474,8 @@ def main(argv: list[str] | None = None) -> int:
         res["compile"] = bench_compile(device, 3)
     stage("tokens/s sweep")
     res["sweep"] = bench_sweep(device, 3 if not args.quick else 2, args.quick)
+    stage("downstream experiment: v0/v1 steps, DDP")
+    res["experiments"] = downstream.bench(device, 3, args.quick)
     res["targets"] = [{"target": n, "met": ok, "value": d} for n, ok, d in targets(res)]
     res["wall_s"] = time.perf_counter() - t0
     stage("done")

@@ -1,0 +1,148 @@
+"""``niels-train``: train a byte-level GPT (v0 or v1) on the standard library's sources.
+
+    niels-train --quick                               # seconds, tiny model
+    niels-train --model v0 --steps 2000 --out runs/v0
+    niels-train --out runs/v0 --resume                # continue the same curve
+    torchrun --standalone --nproc_per_node=2 --no-python niels-train --quick
+    torchrun --standalone --nproc_per_node=2 --no-python niels-train --quick --fsdp
+
+Every flag defaults to ``TrainConfig``'s value; ``--quick`` swaps in a tiny
+model and a 20-step run, and any flag given beside it still wins.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from niels_gpt_experiments.checkpoint import CheckpointError
+from niels_gpt_experiments.config import QUICK, TrainConfig
+from niels_gpt_experiments.corpus import CorpusError
+
+__all__ = ["build_parser", "config_from_args", "train_main"]
+
+# (flag, TrainConfig field, type, help); every default is TrainConfig's.
+_OPTIONS: tuple[tuple[str, str, Any, str], ...] = (
+    ("--context", "T", int, "tokens per sequence (the model's T)"),
+    ("--width", "C", int, "embedding width C"),
+    ("--layers", "L", int, "number of blocks L"),
+    ("--heads", "H", int, "attention heads H"),
+    ("--d-ff", "d_ff", int, "v1 SwiGLU width (default 3*C); v0 matches its parameter count"),
+    ("--dropout", "dropout", float, "dropout probability"),
+    ("--corpus", "corpus", Path, "a folder or text file instead of the standard library"),
+    ("--val-permille", "val_permille", int, "thousandths of the corpus held out for validation"),
+    ("--data-dir", "data_dir", Path, "token array cache ($NIELS_GPT_DATA, ~/.cache/...)"),
+    ("--steps", "steps", int, "optimizer steps"),
+    ("--batch-size", "batch_size", int, "global rows per step, over ranks and accumulation"),
+    ("--grad-accum", "grad_accum", int, "micro-batches per step on each rank"),
+    ("--lr", "lr", float, "peak learning rate"),
+    ("--min-lr-ratio", "min_lr_ratio", float, "final learning rate as a fraction of the peak"),
+    ("--warmup", "warmup", int, "linear warm-up steps"),
+    ("--weight-decay", "weight_decay", float, "AdamW weight decay (matrices only)"),
+    ("--grad-clip", "grad_clip", float, "clip the global gradient norm to this (0: off)"),
+    ("--device", "device", str, "cpu, cuda, mps or auto"),
+    ("--seed", "seed", int, "seed of the weights, the batches and the samples"),
+    ("--eval-every", "eval_every", int, "steps between validation losses and samples"),
+    ("--eval-batches", "eval_batches", int, "validation batches (of --batch-size rows)"),
+    ("--sample-tokens", "sample_tokens", int, "bytes generated per sample (0: no samples)"),
+    ("--prompt", "prompt", str, "sample prompt"),
+    ("--temperature", "temperature", float, "temperature of the sampled continuation"),
+    ("--top-k", "top_k", int, "top-k filter of the sampled continuation"),
+    ("--checkpoint-every", "checkpoint_every", int, "steps between checkpoints (default: evals)"),
+    ("--keep-checkpoints", "keep_checkpoints", int, "how many checkpoints to keep"),
+    ("--out", "out_dir", Path, "run directory: checkpoints, metrics.jsonl, run.json"),
+    ("--stop-after", "stop_after", int, "stop (with a checkpoint) after this step; resume later"),
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="niels-train",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--quick", action="store_true", help=f"tiny run: {QUICK}")
+    parser.add_argument("--model", choices=("v0", "v1"), help="v1 (RMSNorm, SwiGLU) or v0")
+    parser.add_argument("--attention", choices=("explicit", "fast"), help="fast: SDPA fast path")
+    parser.add_argument("--precision", choices=("fp32", "bf16", "fp16"), help="autocast dtype")
+    parser.add_argument(
+        "--include",
+        action="append",
+        metavar="GLOB",
+        help="file pattern in a --corpus folder (repeatable; *.py)",
+    )
+    parser.add_argument("--beta1", type=float, help="AdamW beta1")
+    parser.add_argument("--beta2", type=float, help="AdamW beta2")
+    for flag, name, kind, text in _OPTIONS:
+        parser.add_argument(flag, dest=name, type=kind, metavar=name.upper(), help=text)
+    parser.add_argument("--compile", action="store_true", default=None, help="torch.compile")
+    parser.add_argument(
+        "--fsdp",
+        action="store_true",
+        default=None,
+        help="shard with FSDP2 (fully_shard) instead of DDP",
+    )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        default=None,
+        help="continue from the newest checkpoint in --out, if any",
+    )
+    parser.add_argument(
+        "--no-progress",
+        dest="progress",
+        action="store_false",
+        default=None,
+        help="no progress bar (evaluations are still printed)",
+    )
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    """``TrainConfig`` defaults, then ``--quick``'s, then every flag given.
+
+    Raises:
+        ValueError: a setting out of range.
+    """
+    base = TrainConfig()
+    given: dict[str, Any] = dict(QUICK) if args.quick else {}
+    names = {f.name for f in dataclasses.fields(TrainConfig)}
+    given.update({k: v for k, v in vars(args).items() if k in names and v is not None})
+    if args.include:
+        given["include"] = tuple(args.include)
+    if args.beta1 is not None or args.beta2 is not None:
+        b1, b2 = base.betas
+        given["betas"] = (
+            args.beta1 if args.beta1 is not None else b1,
+            args.beta2 if args.beta2 is not None else b2,
+        )
+    return dataclasses.replace(base, **given)
+
+
+def train_main(argv: Sequence[str] | None = None) -> int:
+    """Console script ``niels-train``. Exit 0 done, 1 the run failed, 2 bad arguments."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        cfg = config_from_args(args)
+    except ValueError as err:
+        parser.error(str(err))
+    from niels_gpt_experiments.trainer import train  # torch loads only for a real run
+
+    try:
+        result = train(cfg)
+    except (CorpusError, CheckpointError) as err:
+        print(f"niels-train: {err}", file=sys.stderr)
+        return 1
+    if result.val_losses and result.rank == 0:
+        step, val = max(result.val_losses.items())
+        print(f"done: step {step}, val loss {val:.4f}, {result.tokens_per_s:,.0f} tokens/s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(train_main())

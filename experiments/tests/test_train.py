@@ -1,0 +1,153 @@
+"""niels-train on one process: a run, its outputs, resume, accumulation, the CLI."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from niels_gpt_experiments import checkpoint
+from niels_gpt_experiments.batches import Layout, train_offsets
+from niels_gpt_experiments.cli import build_parser, config_from_args, train_main
+from niels_gpt_experiments.config import QUICK, TrainConfig
+from niels_gpt_experiments.corpus import CorpusSpec, open_corpus
+from niels_gpt_experiments.models import build_model
+from niels_gpt_experiments.trainer import accumulate_gradients, train
+
+Tiny = Callable[..., TrainConfig]
+
+
+def test_a_run_trains_evaluates_samples_and_checkpoints(
+    tiny: Tiny, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = tiny(steps=8, eval_every=4, model="v0")
+    result = train(cfg)
+    assert sorted(result.losses) == list(range(1, 9)) and sorted(result.val_losses) == [4, 8]
+    assert all(math.isfinite(v) for v in [*result.losses.values(), *result.val_losses.values()])
+    assert result.val_losses[8] < result.val_losses[4] < math.log(256)  # it learns
+    out = capsys.readouterr().out
+    assert "step 4: val loss" in out and "--- greedy (step 8) ---" in out and "--- sampled" in out
+    lines = [json.loads(line) for line in (cfg.out_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lines if "loss" in r] == list(range(1, 9))
+    assert [r["val_loss"] for r in lines if "val_loss" in r] == [
+        result.val_losses[4],
+        result.val_losses[8],
+    ]
+    run = json.loads((cfg.out_dir / "run.json").read_text())
+    assert (
+        run["config"]["model"] == "v0" and run["corpus"]["python"] == result.corpus_meta["python"]
+    )
+    assert checkpoint.latest(cfg.out_dir) == cfg.out_dir / "checkpoints" / "step-0000008"
+    kept = sorted(p.name for p in (cfg.out_dir / "checkpoints").glob("step-*"))
+    assert kept == ["step-0000004", "step-0000008"]
+
+
+def test_interrupted_and_resumed_equals_uninterrupted(tiny: Tiny, tmp_path: Path) -> None:
+    # Dropout on, so the restored RNG state matters; accumulation on, so it is covered.
+    settings = {"steps": 6, "dropout": 0.2, "grad_accum": 2, "eval_every": 2}
+    whole = train(tiny(**settings, out_dir=tmp_path / "whole"), keep_state=True)
+    part = tiny(**settings, out_dir=tmp_path / "part")
+    first = train(dataclasses.replace(part, stop_after=3))
+    assert sorted(first.losses) == [1, 2, 3]
+    rest = train(dataclasses.replace(part, resume=True), keep_state=True)
+    assert rest.first_step == 3 and sorted(rest.losses) == [4, 5, 6]
+    # Same process, same kernels, same RNG streams: the curve continues bit for bit.
+    assert {**first.losses, **rest.losses} == whole.losses
+    assert rest.val_losses == {k: v for k, v in whole.val_losses.items() if k > 3}
+    assert whole.final_state is not None and rest.final_state is not None
+    for name, value in whole.final_state.items():
+        torch.testing.assert_close(rest.final_state[name], value, rtol=0, atol=0)
+    logged = [json.loads(x) for x in (part.out_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in logged if "loss" in r] == list(range(1, 7))
+
+
+def test_resume_refuses_a_checkpoint_of_other_settings(tiny: Tiny) -> None:
+    cfg = tiny(steps=4, stop_after=2)
+    train(cfg)
+    with pytest.raises(checkpoint.CheckpointError, match=r"changed: lr 0.003 -> 0.001"):
+        train(dataclasses.replace(cfg, lr=1e-3, resume=True, stop_after=None))
+
+
+def test_resume_without_a_checkpoint_starts_fresh(tiny: Tiny) -> None:
+    result = train(tiny(steps=2, resume=True))
+    assert result.first_step == 0 and sorted(result.losses) == [1, 2]
+
+
+@pytest.mark.parametrize("accum", [2, 4])
+def test_accumulated_gradients_equal_the_full_batch_gradient(
+    accum: int,
+    corpus_dir: Path,
+    data_dir: Path,
+    device: torch.device,
+    tol: Callable[..., dict[str, float]],
+) -> None:
+    corpus = open_corpus(CorpusSpec(path=corpus_dir), data_dir)
+    offsets = train_offsets(0, 5, 8, len(corpus.train), 16)
+    grads = {}
+    for a in (1, accum):
+        torch.manual_seed(0)
+        cfg = TrainConfig(T=16, C=16, L=2, H=2, dropout=0.0).model_config()
+        model = build_model("v1", cfg).to(device=device, dtype=torch.float64)
+        scaler = torch.amp.GradScaler(device.type, enabled=False)
+        loss = accumulate_gradients(
+            model,
+            "single",
+            corpus.train,
+            offsets,
+            Layout(8, accum=a),
+            16,
+            contextlib.nullcontext(),
+            scaler,
+        )
+        grads[a] = (loss, {n: p.grad for n, p in model.named_parameters()})
+    torch.testing.assert_close(grads[accum][0], grads[1][0], **tol(torch.float64))
+    for name, g in grads[1][1].items():
+        torch.testing.assert_close(grads[accum][1][name], g, **tol(torch.float64))
+
+
+def test_quick_and_explicit_flags_compose() -> None:
+    args = build_parser().parse_args(
+        ["--quick", "--steps", "7", "--model", "v0", "--include", "*.txt"]
+    )
+    cfg = config_from_args(args)
+    assert cfg.steps == 7 and cfg.model == "v0" and cfg.include == ("*.txt",)
+    assert QUICK["C"] == cfg.C and QUICK["T"] == cfg.T and cfg.lr == TrainConfig().lr
+    assert config_from_args(build_parser().parse_args(["--beta2", "0.99"])).betas == (0.9, 0.99)
+
+
+def test_cli_quick_run(
+    corpus_dir: Path, data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = train_main(
+        ["--quick", "--steps", "4", "--eval-every", "2", "--corpus", str(corpus_dir),
+         "--data-dir", str(data_dir), "--out", str(tmp_path / "cli"), "--device", "cpu"]
+    )  # fmt: skip
+    assert code == 0
+    assert "done: step 4, val loss" in capsys.readouterr().out
+
+
+def test_cli_rejects_bad_settings_with_the_value(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as stop:
+        train_main(["--batch-size", "0"])
+    assert stop.value.code == 2
+    assert "batch_size must be a positive int, got 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        train_main(["--fsdp", "--precision", "fp16"])
+    assert "use --precision bf16" in capsys.readouterr().err
+
+
+def test_cli_reports_a_missing_corpus_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = train_main(
+        ["--quick", "--corpus", str(tmp_path / "missing"), "--out", str(tmp_path / "o")]
+    )
+    assert code == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "does not exist" in err
