@@ -252,7 +252,7 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(venv_backend="none")
 def typecheck(session: nox.Session) -> None:
-    """mypy --strict over every package's sources, the checker and the runtime drivers.
+    """mypy --strict over every package's sources, the checker, the experiment and the drivers.
 
     Packages are found, not listed (see PACKAGES); a stage's drivers in
     specs/<stage>/ are checked once its package exists.
@@ -260,8 +260,9 @@ def typecheck(session: nox.Session) -> None:
     sources = [str(p / "src") for p in PACKAGES]
     drivers = [str(ROOT / "specs" / p.name) for p in PACKAGES if (ROOT / "specs" / p.name).is_dir()]
     env = dev_env(session)
-    env["MYPYPATH"] = os.pathsep.join([*sources, str(CONTRACTS / "src")])
-    files = session.posargs or [*sources, str(CONTRACTS / "src"), *drivers]
+    others = [str(CONTRACTS / "src"), str(ROOT / "experiments" / "src")]
+    env["MYPYPATH"] = os.pathsep.join([*sources, *others])
+    files = session.posargs or [*sources, *others, *drivers]
     session.run(str(_bin_dir(DEV_ENV) / "mypy"), *files, env=env, external=True)
 
 
