@@ -131,6 +131,20 @@ def test_a_chunk_that_does_not_fit_writes_nothing(
 
 
 @pytest.mark.invariant("kv_cache.rejects_bad_input")
+@pytest.mark.parametrize("batch", [1, 3])
+def test_a_chunk_of_another_batch_is_refused_not_broadcast(
+    device: torch.device, batch: int
+) -> None:
+    cache = KVCache(2, CFG.H, CFG.T, 4, dtype=torch.float32, device=device)
+    attn, _ = _attached(device, cache, 2)
+    keys = cache.keys.clone()
+    x = torch.randn(batch, 1, CFG.C, device=device)  # (b, 1, C): one row would broadcast
+    with pytest.raises(InputError, match=f"batch 2, got {batch}"), torch.no_grad():
+        attn(x)
+    assert len(cache) == 2 and torch.equal(cache.keys, keys)
+
+
+@pytest.mark.invariant("kv_cache.rejects_bad_input")
 def test_a_cache_on_another_device_is_refused(device: torch.device) -> None:
     cache = KVCache(1, CFG.H, CFG.T, 4, dtype=torch.float32, device=torch.device("meta"))
     attn, x = _attached(device, cache, 0)

@@ -15,10 +15,12 @@ the block wiring of the backbone runs unchanged, and ``drop_kv_cache`` gives
 each module its class back. ``generate`` does all of that around a prefill and
 one single-token step per further token.
 
-A step reads the cache length ``p`` from a host int, never from a tensor, so
-nothing in it waits on the device, and it slices the caches to the filled rows
-``[0, p+n)``: a decode step costs O(p). Under ``torch.compile`` ``p`` becomes a
-symbolic int after the first recompile, with no graph break.
+A step reads the cache length ``p`` from tensor metadata (the size of a view
+of the filled rows), never from a tensor's values, so nothing in it waits on
+the device; it slices the caches to the filled rows ``[0, p+n)``, so a decode
+step costs O(p). Under ``torch.compile`` that size becomes symbolic after the
+first recompilation: one graph serves every later position, with no graph
+break.
 """
 
 from __future__ import annotations
