@@ -26,7 +26,7 @@ break.
 from __future__ import annotations
 
 import math
-from typing import cast
+from typing import Literal, cast, overload
 
 import torch
 from torch import nn
@@ -124,6 +124,21 @@ class KVCacheAttention(CausalSelfAttention):
     """
 
     kv_cache: KVCache | None = None
+
+    # The overloads only narrow the return type for type checkers: the last
+    # ``def`` is the one that runs (and the one the API check reads).
+    @overload
+    def forward(self, x: torch.Tensor, *, return_attn: Literal[False] = ...) -> torch.Tensor: ...
+
+    @overload
+    def forward(
+        self, x: torch.Tensor, *, return_attn: Literal[True]
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    @overload
+    def forward(
+        self, x: torch.Tensor, *, return_attn: bool = ...
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]: ...
 
     def forward(
         self,
