@@ -52,6 +52,7 @@ CONSTRAINTS = ROOT / "constraints.txt"
 # this file (a meta path), yet its package must be installed and checked.
 PACKAGES = sorted(p.parent for p in (ROOT / "packages").glob("*/pyproject.toml"))
 CONTRACTS = ROOT / "contracts"
+EXPERIMENTS = ROOT / "experiments"  # a user of the stage wheels, not a stage
 DEV_TOOLS = (
     "pytest",
     "pytest-xdist",
@@ -347,10 +348,10 @@ def mutants(session: nox.Session) -> None:
 
 @nox.session
 def build(session: nox.Session) -> None:
-    """Build one wheel per package (stages and checker) into dist/."""
+    """Build one wheel per package (stages, checker, experiments) into dist/."""
     session.install("-c", str(CONSTRAINTS), "build", "hatchling")
     dist = ROOT / "dist"
-    for project in (*PACKAGES, CONTRACTS):
+    for project in (*PACKAGES, CONTRACTS, EXPERIMENTS):
         session.run(
             "python",
             "-m",
@@ -364,8 +365,6 @@ def build(session: nox.Session) -> None:
 
 
 # --- the downstream experiment ------------------------------------------------
-
-EXPERIMENTS = ROOT / "experiments"
 
 
 @nox.session(name="test-experiments")
