@@ -375,11 +375,13 @@ def test_experiments(session: nox.Session) -> None:
     tests ``--device``) and of ``experiments/``; installs them with
     ``-c constraints.txt`` into a new venv; checks that every import resolves
     to that venv; runs the experiment's tests there (the 2-process gloo ones
-    included) and ``niels-train --quick`` and ``niels-ablate --quick``.
-    Posargs go to pytest. One intra-op thread: the models are tiny and the
-    machine is shared, where spinning OpenMP threads only cost time.
+    included) and ``niels-train --quick`` and ``niels-ablate --quick``;
+    runs ``experiments/examples/typed_stages.py`` there and checks it with
+    ``mypy --strict`` against the installed wheels. Posargs go to pytest.
+    One intra-op thread: the models are tiny and the machine is shared, where
+    spinning OpenMP threads only cost time.
     """
-    session.install("-c", str(CONSTRAINTS), "build", "hatchling")
+    session.install("-c", str(CONSTRAINTS), "build", "hatchling", "mypy")
     tmp = Path(session.create_tmp()) / "experiments"
     shutil.rmtree(tmp, ignore_errors=True)
     wheels, venv, work = tmp / "wheels", tmp / "venv", tmp / "work"
@@ -411,6 +413,16 @@ def test_experiments(session: nox.Session) -> None:
         "print(f'wheels in {sys.prefix}: torch {torch.__version__}, cuda {torch.version.cuda}')\n"
     )
     session.run(python, "-c", probe, env=env, external=True)
+    # A typed user script: run it, then type-check it against the wheels in the
+    # venv (their py.typed markers, the overloads of forward). The config file
+    # is experiments/pyproject.toml, which has no [tool.mypy]: the root one's
+    # mypy_path would point mypy at the source trees instead of the wheels.
+    typed = str(EXPERIMENTS / "examples" / "typed_stages.py")
+    session.run(python, typed, env=env, external=True)
+    session.run(
+        "mypy", "--strict", "--config-file", str(EXPERIMENTS / "pyproject.toml"),
+        "--python-executable", python, "--cache-dir", str(tmp.parent / "mypy-cache"), typed,
+    )  # fmt: skip
     session.run(
         python, "-m", "pytest", "-c", str(EXPERIMENTS / "pyproject.toml"),
         f"--rootdir={EXPERIMENTS}", str(EXPERIMENTS / "tests"), "-p", "no:cacheprovider",
