@@ -56,6 +56,7 @@ EXPERIMENTS = ROOT / "experiments"  # a user of the stage wheels, not a stage
 DEV_TOOLS = (
     "pytest",
     "pytest-xdist",
+    "pytest-codeblocks",
     "hypothesis",
     "numpy",
     "mypy",
@@ -198,6 +199,12 @@ def acceptance_dirs() -> list[str]:
     )
 
 
+# The READMEs' Python examples, run as tests once, on the CPU (pytest-codeblocks;
+# ``packages`` brings each stage's README). Shell blocks are install and nox
+# commands: the root conftest deselects them.
+README_EXAMPLES = ("--codeblocks", "README.md", "experiments/README.md")
+
+
 def device_tests(session: nox.Session, kind: str) -> None:
     if kind != "cpu":
         present, why = _platform_can_have(kind)  # no environment to build where it cannot be
@@ -215,6 +222,7 @@ def device_tests(session: nox.Session, kind: str) -> None:
         f"--device={kind}",
         "--numprocesses=auto",
         f"--invariant-report={REPORTS / f'invariants-{kind}.json'}",
+        *(README_EXAMPLES if kind == "cpu" else ()),
         *session.posargs,
     )
 
