@@ -237,8 +237,8 @@ def randomise() -> Callable[[torch.nn.Module, int], None]:
 # README examples (``nox -s test-cpu`` passes ``--codeblocks``): pytest-codeblocks
 # collects python, sh and bash blocks. Only the Python ones are examples to run;
 # the shell blocks install packages and call nox, so running them inside a test
-# would recurse into this very session. They are deselected, which pytest counts
-# and prints, rather than skipped.
+# would recurse into this very session. They are deselected rather than skipped
+# (a run without xdist prints the count: 13 today).
 _EXAMPLE_SYNTAX = "python"
 
 
