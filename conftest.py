@@ -232,3 +232,24 @@ def randomise() -> Callable[[torch.nn.Module, int], None]:
                 p.copy_(noise + (1.0 if p.ndim == 1 else 0.0))
 
     return fill
+
+
+# README examples (``nox -s test-cpu`` passes ``--codeblocks``): pytest-codeblocks
+# collects python, sh and bash blocks. Only the Python ones are examples to run;
+# the shell blocks install packages and call nox, so running them inside a test
+# would recurse into this very session. They are deselected rather than skipped
+# (a run without xdist prints the count: 13 today).
+_EXAMPLE_SYNTAX = "python"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Deselect the non-Python code blocks of Markdown files."""
+    shell = [
+        item
+        for item in items
+        if item.path.suffix == ".md"
+        and getattr(getattr(item, "obj", None), "syntax", _EXAMPLE_SYNTAX) != _EXAMPLE_SYNTAX
+    ]
+    if shell:
+        config.hook.pytest_deselected(items=shell)
+        items[:] = [item for item in items if item not in shell]

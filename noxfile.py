@@ -52,9 +52,11 @@ CONSTRAINTS = ROOT / "constraints.txt"
 # this file (a meta path), yet its package must be installed and checked.
 PACKAGES = sorted(p.parent for p in (ROOT / "packages").glob("*/pyproject.toml"))
 CONTRACTS = ROOT / "contracts"
+EXPERIMENTS = ROOT / "experiments"  # a user of the stage wheels, not a stage
 DEV_TOOLS = (
     "pytest",
     "pytest-xdist",
+    "pytest-codeblocks",
     "hypothesis",
     "numpy",
     "mypy",
@@ -197,6 +199,12 @@ def acceptance_dirs() -> list[str]:
     )
 
 
+# The READMEs' Python examples, run as tests once, on the CPU (pytest-codeblocks;
+# ``packages`` brings each stage's README). Shell blocks are install and nox
+# commands: the root conftest deselects them.
+README_EXAMPLES = ("--codeblocks", "README.md", "experiments/README.md")
+
+
 def device_tests(session: nox.Session, kind: str) -> None:
     if kind != "cpu":
         present, why = _platform_can_have(kind)  # no environment to build where it cannot be
@@ -214,6 +222,7 @@ def device_tests(session: nox.Session, kind: str) -> None:
         f"--device={kind}",
         "--numprocesses=auto",
         f"--invariant-report={REPORTS / f'invariants-{kind}.json'}",
+        *(README_EXAMPLES if kind == "cpu" else ()),
         *session.posargs,
     )
 
@@ -347,10 +356,10 @@ def mutants(session: nox.Session) -> None:
 
 @nox.session
 def build(session: nox.Session) -> None:
-    """Build one wheel per package (stages and checker) into dist/."""
+    """Build one wheel per package (stages, checker, experiments) into dist/."""
     session.install("-c", str(CONSTRAINTS), "build", "hatchling")
     dist = ROOT / "dist"
-    for project in (*PACKAGES, CONTRACTS):
+    for project in (*PACKAGES, CONTRACTS, EXPERIMENTS):
         session.run(
             "python",
             "-m",
@@ -365,8 +374,6 @@ def build(session: nox.Session) -> None:
 
 # --- the downstream experiment ------------------------------------------------
 
-EXPERIMENTS = ROOT / "experiments"
-
 
 @nox.session(name="test-experiments")
 def test_experiments(session: nox.Session) -> None:
@@ -376,11 +383,13 @@ def test_experiments(session: nox.Session) -> None:
     tests ``--device``) and of ``experiments/``; installs them with
     ``-c constraints.txt`` into a new venv; checks that every import resolves
     to that venv; runs the experiment's tests there (the 2-process gloo ones
-    included) and ``niels-train --quick`` and ``niels-ablate --quick``.
-    Posargs go to pytest. One intra-op thread: the models are tiny and the
-    machine is shared, where spinning OpenMP threads only cost time.
+    included) and ``niels-train --quick`` and ``niels-ablate --quick``;
+    runs ``experiments/examples/typed_stages.py`` there and checks it with
+    ``mypy --strict`` against the installed wheels. Posargs go to pytest.
+    One intra-op thread: the models are tiny and the machine is shared, where
+    spinning OpenMP threads only cost time.
     """
-    session.install("-c", str(CONSTRAINTS), "build", "hatchling")
+    session.install("-c", str(CONSTRAINTS), "build", "hatchling", "mypy")
     tmp = Path(session.create_tmp()) / "experiments"
     shutil.rmtree(tmp, ignore_errors=True)
     wheels, venv, work = tmp / "wheels", tmp / "venv", tmp / "work"
@@ -412,6 +421,16 @@ def test_experiments(session: nox.Session) -> None:
         "print(f'wheels in {sys.prefix}: torch {torch.__version__}, cuda {torch.version.cuda}')\n"
     )
     session.run(python, "-c", probe, env=env, external=True)
+    # A typed user script: run it, then type-check it against the wheels in the
+    # venv (their py.typed markers, the overloads of forward). The config file
+    # is experiments/pyproject.toml, which has no [tool.mypy]: the root one's
+    # mypy_path would point mypy at the source trees instead of the wheels.
+    typed = str(EXPERIMENTS / "examples" / "typed_stages.py")
+    session.run(python, typed, env=env, external=True)
+    session.run(
+        "mypy", "--strict", "--config-file", str(EXPERIMENTS / "pyproject.toml"),
+        "--python-executable", python, "--cache-dir", str(tmp.parent / "mypy-cache"), typed,
+    )  # fmt: skip
     session.run(
         python, "-m", "pytest", "-c", str(EXPERIMENTS / "pyproject.toml"),
         f"--rootdir={EXPERIMENTS}", str(EXPERIMENTS / "tests"), "-p", "no:cacheprovider",

@@ -157,3 +157,74 @@ def test_a_dataclass_init_is_read_from_its_fields(repo: Repo) -> None:
     repo.write(ALPHA_MOD, repo.read(ALPHA_MOD) + "\nThing.__init__.__signature__ = None\n")
     code, out = repo.gate_json()
     assert code == 1
+
+
+OVERLOADED_RUN = """\
+    @overload
+    def run(self, x: float, *, fast: Literal[False] = False) -> float: ...
+    @overload
+    def run(self, x: float, *, fast: Literal[True]) -> int: ...
+
+    def run(self, x: float, *, fast: bool = False) -> float:
+"""
+
+
+def _overload_run(repo: Repo, implementation: str) -> None:
+    """Give ``Thing.run`` two ``typing.overload`` views above ``implementation``."""
+    repo.replace(
+        ALPHA_MOD,
+        "from __future__ import annotations\n",
+        "from __future__ import annotations\n\nfrom typing import Literal, overload\n",
+    )
+    repo.replace(
+        ALPHA_MOD,
+        "    def run(self, x: float, *, fast: bool = False) -> float:\n",
+        OVERLOADED_RUN.replace(
+            "    def run(self, x: float, *, fast: bool = False) -> float:\n", implementation
+        ),
+    )
+
+
+def test_overloads_are_judged_by_the_implementation_that_runs(repo: Repo) -> None:
+    """Overload stubs are for type checkers; the spec pins the ``def`` that runs.
+
+    Their signatures differ from the spec on purpose (``Literal``, another
+    return), so a check that read the first ``def run`` would fail here.
+    """
+    _overload_run(repo, "    def run(self, x: float, *, fast: bool = False) -> float:\n")
+    code, out = repo.gate_json()
+    assert code == 0, out["violations"]
+
+
+def test_an_overloaded_implementation_that_drifts_is_caught_at_its_def(repo: Repo) -> None:
+    _overload_run(repo, "    def run(self, x: float, *, fast: bool = True) -> float:\n")
+    code, out = repo.gate_json()
+    assert code == 1
+    (v,) = api_violations(out)
+    assert v["rule"] == "api.signature"
+    assert "parameter 'fast': expected default False, found True" in str(v["message"])
+    line = (
+        repo.read(ALPHA_MOD)
+        .splitlines()
+        .index("    def run(self, x: float, *, fast: bool = True) -> float:")
+    )
+    assert v["line"] == line + 1
+
+
+def test_an_overload_stub_left_as_the_running_method_fails_closed(repo: Repo) -> None:
+    """A stub after the implementation replaces it: ``typing``'s dummy runs, no ``def`` here."""
+    repo.replace(
+        ALPHA_MOD,
+        "from __future__ import annotations\n",
+        "from __future__ import annotations\n\nfrom typing import overload\n",
+    )
+    repo.write(
+        ALPHA_MOD,
+        repo.read(ALPHA_MOD)
+        + "\n    @overload\n    def run(self, x: float, *, fast: bool = False) -> float: ...\n",
+    )
+    code, out = repo.gate_json()
+    assert code == 1
+    found = {str(v["rule"]): str(v["message"]) for v in api_violations(out)}
+    assert "is not defined in the tree under check" in found["api.source"]
+    assert "expected parameters (self, x, fast), found (args, kwds)" in found["api.signature"]

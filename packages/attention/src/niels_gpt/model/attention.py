@@ -38,6 +38,7 @@ run in the autocast dtype, and so does the output ``y``.
 from __future__ import annotations
 
 import math
+from typing import Literal, overload
 
 import torch
 from torch import nn
@@ -97,6 +98,18 @@ class CausalSelfAttention(nn.Module):
         mask = torch.tril(torch.ones(cfg.T, cfg.T, dtype=torch.bool))  # (T, T)
         mask = mask.unsqueeze(0).unsqueeze(0)  # (1, 1, T, T)
         self.register_buffer("mask", mask, persistent=False)
+
+    # Typed views of the one forward below: the flag decides the return type.
+    @overload
+    def forward(self, x: torch.Tensor, *, return_attn: Literal[False] = False) -> torch.Tensor: ...
+    @overload
+    def forward(
+        self, x: torch.Tensor, *, return_attn: Literal[True]
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+    @overload
+    def forward(
+        self, x: torch.Tensor, *, return_attn: bool = False
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]: ...
 
     def forward(
         self,

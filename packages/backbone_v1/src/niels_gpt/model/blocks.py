@@ -11,6 +11,8 @@ v0 block (LayerNorm + GELU) stays importable as ``niels_gpt.model.block_v0``.
 
 from __future__ import annotations
 
+from typing import Literal, overload
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -105,6 +107,18 @@ class Block(nn.Module):
         self.ln2 = RMSNorm(cfg.C, eps=1e-5)
         self.mlp = MLP(cfg)
         self.dropout = nn.Dropout(cfg.dropout)
+
+    # Typed views of the one forward below: the flag decides the return type.
+    @overload
+    def forward(self, x: torch.Tensor, *, return_attn: Literal[False] = False) -> torch.Tensor: ...
+    @overload
+    def forward(
+        self, x: torch.Tensor, *, return_attn: Literal[True]
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+    @overload
+    def forward(
+        self, x: torch.Tensor, *, return_attn: bool = False
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]: ...
 
     def forward(
         self,

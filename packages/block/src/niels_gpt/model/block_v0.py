@@ -7,6 +7,8 @@ Shape notation::
 
 from __future__ import annotations
 
+from typing import Literal, overload
+
 import torch
 from torch import nn
 
@@ -57,6 +59,18 @@ class Block(nn.Module):
         self.ln2 = nn.LayerNorm(cfg.C, eps=1e-5)
         self.mlp = MLP(cfg)
         self.dropout = nn.Dropout(cfg.dropout)
+
+    # Typed views of the one forward below: the flag decides the return type.
+    @overload
+    def forward(self, x: torch.Tensor, *, return_attn: Literal[False] = False) -> torch.Tensor: ...
+    @overload
+    def forward(
+        self, x: torch.Tensor, *, return_attn: Literal[True]
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+    @overload
+    def forward(
+        self, x: torch.Tensor, *, return_attn: bool = False
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]: ...
 
     def forward(
         self,

@@ -22,6 +22,7 @@ v in the activation dtype with its own internal softmax precision.
 from __future__ import annotations
 
 import math
+from typing import Literal, overload
 
 import torch
 import torch.nn.functional as F
@@ -41,6 +42,18 @@ class FastCausalSelfAttention(CausalSelfAttention):
     (``rope_sin``, ``rope_cos``, ``mask``), dropouts and ``state_dict`` as the
     parent; build it directly or switch a built model with ``use_fast_attention``.
     """
+
+    # Typed views of the one forward below: the flag decides the return type.
+    @overload
+    def forward(self, x: torch.Tensor, *, return_attn: Literal[False] = False) -> torch.Tensor: ...
+    @overload
+    def forward(
+        self, x: torch.Tensor, *, return_attn: Literal[True]
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+    @overload
+    def forward(
+        self, x: torch.Tensor, *, return_attn: bool = False
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]: ...
 
     def forward(
         self,
