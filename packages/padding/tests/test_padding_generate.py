@@ -262,6 +262,36 @@ def test_eos_rows_hold_and_generation_stops_when_all_have(
     assert sizes == [t] + [1] * (steps - 1)
 
 
+@pytest.mark.invariant("padding.eos_rows_stop")
+@pytest.mark.parametrize("per_row", [False, True])
+def test_a_finished_row_holds_eos_while_the_others_sample_on(
+    device: torch.device, float_dtypes: tuple[torch.dtype, ...], randomise: Randomise, per_row: bool
+) -> None:
+    cfg = ModelConfig(V=40, T=14, C=12, L=2, H=2, d_ff=10, dropout=0.0, rope_theta=60.0)
+    model = _model(cfg, device, float_dtypes[-1], randomise, 7, scale=0.2)  # near-uniform draws
+    pads, t, new = [2, 0, 3], 4, 10
+    prompt = _prompt(cfg, 3, t, 5, device)  # (3, 4)
+    knobs = {"temperature": 1.0, "top_k": None, "top_p": None}
+
+    def gens() -> torch.Generator | list[torch.Generator]:
+        if per_row:
+            return [torch.Generator(device=device).manual_seed(20 + b) for b in range(3)]
+        return torch.Generator(device=device).manual_seed(20)
+
+    free = generate(model, prompt, _mask(pads, t, device), new, generator=gens())
+    assert isinstance(free, torch.Tensor)
+    eos = int(free[0, t])  # row 0 finishes at its first token
+    later = free[0, t + 1 :]
+    assert not (later == eos).all(), "test set-up: row 0 repeats its first token; pick a seed"
+    got = generate(model, prompt, _mask(pads, t, device), new, eos_id=eos, generator=gens())
+    assert isinstance(got, torch.Tensor)
+    assert (got[0, t:] == eos).all()
+    assert torch.equal(got, alone_loop(model, prompt, pads, new, knobs, eos, gens()))
+    for b in (1, 2):  # rows that never draw eos go on exactly as before: every row is drawn
+        if not (free[b, t:] == eos).any():
+            assert torch.equal(got[b], free[b])
+
+
 # --- the caches ---------------------------------------------
 
 
