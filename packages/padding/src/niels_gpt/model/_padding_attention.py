@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import cast
+from typing import Literal, cast, overload
 
 import torch
 from torch import nn
@@ -156,6 +156,21 @@ class PaddedAttention(CausalSelfAttention):
     """
 
     row_frame: RowFrame | None = None
+
+    # The overloads narrow the return type by the flag, as the parent's do; the
+    # last ``def`` is the one that runs.
+    @overload
+    def forward(self, x: torch.Tensor, *, return_attn: Literal[False] = ...) -> torch.Tensor: ...
+
+    @overload
+    def forward(
+        self, x: torch.Tensor, *, return_attn: Literal[True]
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    @overload
+    def forward(
+        self, x: torch.Tensor, *, return_attn: bool = ...
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]: ...
 
     def forward(
         self,
