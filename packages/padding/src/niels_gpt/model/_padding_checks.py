@@ -1,0 +1,313 @@
+"""Every argument check of the padding stage, run before any work.
+
+Shape notation::
+
+    B: batch, t: padded length, n: tokens in one call, H: heads, D: head dim,
+    V: vocabulary, T = cfg.T, L: layers
+
+Each check raises ``niels_gpt.checks.InputError`` (an ``AssertionError``,
+``ValueError`` and ``TypeError``) whose message names the expected and the
+actual value. Nothing is cast: a mask of another dtype is an error, not a
+conversion. The checks read values (a mask's layout, the id range) with one
+host sync each, before any forward runs and before any module is switched.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from niels_gpt.checks import InputError, check_length
+from niels_gpt.model.attention import CausalSelfAttention
+from niels_gpt.model.gpt import GPT
+
+__all__ = [
+    "FAST_CLASS",
+    "check_generate_args",
+    "check_loss_args",
+    "check_mask",
+    "check_model",
+    "check_rope_rows",
+    "check_tokens",
+    "check_trace_layer",
+]
+
+# The fast path is recognised by name: this stage does not depend on it.
+FAST_CLASS = ("niels_gpt.model.fastpath", "FastCausalSelfAttention")
+
+
+def _same_device(a: torch.device, b: torch.device) -> bool:
+    """Equal devices, reading a missing index as 0 (``cuda`` is ``cuda:0``)."""
+    return a.type == b.type and (a.index or 0) == (b.index or 0)
+
+
+def _known_attention(module: CausalSelfAttention) -> bool:
+    cls = type(module)
+    return cls is CausalSelfAttention or (cls.__module__, cls.__qualname__) == FAST_CLASS
+
+
+def check_model(model: object) -> GPT:
+    """Require a ``GPT`` whose attention modules are all explicit or fast path.
+
+    A model switched by ``kv_cache.use_kv_cache`` (or holding any other
+    ``CausalSelfAttention`` subclass) is refused: its math is not this stage's.
+    """
+    if not isinstance(model, GPT):
+        raise InputError(f"model must be a niels_gpt GPT, got {type(model).__name__}")
+    for name, module in model.named_modules():
+        if isinstance(module, CausalSelfAttention) and not _known_attention(module):
+            raise InputError(
+                f"{name} must be a CausalSelfAttention or FastCausalSelfAttention, got "
+                f"{type(module).__qualname__} (call kv_cache.drop_kv_cache first)"
+            )
+    return model
+
+
+def check_tokens(model: GPT, ids: object, name: str) -> torch.Tensor:
+    """Require ``(B, t)`` int64 ids in ``[0, V)`` on the model's device, ``1 <= t <= limit``.
+
+    ``B >= 1``. Returns the ids.
+    """
+    if not isinstance(ids, torch.Tensor):
+        raise InputError(f"{name} must be a torch.Tensor of token ids, got {type(ids).__name__}")
+    if ids.ndim != 2 or ids.shape[0] < 1:
+        raise InputError(f"{name} must be 2-D (B, t) with B >= 1, got shape {tuple(ids.shape)}")
+    if ids.dtype != torch.int64:
+        raise InputError(f"{name} must hold int64 token ids, got {ids.dtype}")
+    device = model.tok_emb.weight.device
+    if ids.device != device:
+        raise InputError(f"{name} device must be the model's ({device}), got {ids.device}")
+    check_length(ids.shape[1], model.cfg.T, f"{name} length t")
+    V = model.cfg.V
+    lo, hi = int(ids.min()), int(ids.max())  # one host sync, before any work
+    if lo < 0 or hi >= V:
+        raise InputError(f"{name} must be in [0, {V - 1}] (cfg.V={V}), got min {lo}, max {hi}")
+    return ids
+
+
+def check_mask(
+    mask: object, like: torch.Tensor, what: str, *, need_real: bool = False
+) -> torch.Tensor | None:
+    """Require ``None`` or a left-padded ``(B, t)`` bool mask shaped and placed like ``like``.
+
+    Left-padded: each row is some False (pads), then only True (real tokens).
+    ``need_real``: every row also needs a real token (generation continues
+    from it). Returns the mask. A bad row is named as ``row <b>``, the first.
+    """
+    if mask is None:
+        return None
+    name = "attention_mask"
+    if not isinstance(mask, torch.Tensor):
+        raise InputError(f"{name} must be None or a torch.Tensor, got {type(mask).__name__}")
+    if mask.dtype != torch.bool:
+        raise InputError(f"{name} must have dtype torch.bool, got {mask.dtype}")
+    if mask.shape != like.shape:
+        raise InputError(
+            f"{name} shape must be {what}'s {tuple(like.shape)}, got {tuple(mask.shape)}"
+        )
+    if mask.device != like.device:
+        raise InputError(f"{name} device must be {what}'s ({like.device}), got {mask.device}")
+    if mask.numel() == 0:
+        return mask
+    right = (mask[:, :-1] & ~mask[:, 1:]).any(dim=-1)  # (B,) a False after a True
+    if bool(right.any()):  # a host sync, before any work
+        row = int(right.int().argmax())
+        raise InputError(
+            f"{name} must be left-padded (pads first, then only real tokens), got a pad "
+            f"after a real token in row {row}"
+        )
+    if need_real:
+        empty = ~mask[:, -1]  # (B,): left-padded, so a row with no real token ends in a pad
+        if bool(empty.any()):
+            row = int(empty.int().argmax())
+            raise InputError(f"{name} must have a real token in every row, got none in row {row}")
+    return mask
+
+
+def _is_index(value: object, low: int, high: int | None) -> bool:
+    """An int (not a bool) in ``[low, high)``, or ``>= low`` when ``high`` is None."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        return False
+    return low <= value and (high is None or value < high)
+
+
+def _is_real(value: object) -> bool:
+    """An int or float, but not a bool."""
+    return not isinstance(value, bool) and isinstance(value, (int, float))
+
+
+def check_trace_layer(trace_layer: object, n_layers: int) -> None:
+    """Require ``None`` or an int (not bool) in ``[0, n_layers)``."""
+    if trace_layer is not None and not _is_index(trace_layer, 0, n_layers):
+        raise InputError(
+            f"trace_layer must be None or an int in [0, {n_layers - 1}], got "
+            f"{type(trace_layer).__name__} {trace_layer!r}"
+        )
+
+
+def _tensor(value: object, name: str) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor):
+        raise InputError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    return value
+
+
+def check_rope_rows(
+    q_in: object, k_in: object, sin_in: object, cos_in: object, positions_in: object
+) -> None:
+    """The inputs of ``apply_rope_rows``: q, k ``(B, H, n, D)``; sin, cos ``(1, 1, Tc, D/2)``;
+    positions ``(B, n)`` int64 in ``[0, Tc)``, all on q's device (one host sync)."""
+    q, k = _tensor(q_in, "q"), _tensor(k_in, "k")
+    sin, cos = _tensor(sin_in, "sin"), _tensor(cos_in, "cos")
+    positions = _tensor(positions_in, "positions")
+    if q.ndim != 4 or q.shape[0] < 1 or q.shape[2] < 1:
+        raise InputError(f"q must be 4-D (B, H, n, D) with B, n >= 1, got shape {tuple(q.shape)}")
+    if not q.dtype.is_floating_point:
+        raise InputError(f"q must be floating point, got {q.dtype}")
+    if (k.shape, k.dtype, k.device) != (q.shape, q.dtype, q.device):
+        raise InputError(
+            f"k must match q's shape, dtype and device ({tuple(q.shape)}, {q.dtype}, "
+            f"{q.device}), got ({tuple(k.shape)}, {k.dtype}, {k.device})"
+        )
+    B, _, n, D = q.shape
+    if D % 2 != 0:
+        raise InputError(f"head dim D must be even (channels rotate in pairs), got D={D}")
+    for name, table in (("sin", sin), ("cos", cos)):
+        if table.ndim != 4 or table.shape[:2] != (1, 1) or table.shape[2] < 1:
+            raise InputError(
+                f"{name} must be (1, 1, Tc, D/2) with Tc >= 1, got {tuple(table.shape)}"
+            )
+        if table.shape != sin.shape or table.shape[3] != D // 2:
+            raise InputError(
+                f"sin and cos must both be (1, 1, Tc, {D // 2}), got {tuple(sin.shape)} "
+                f"and {tuple(cos.shape)}"
+            )
+        if table.dtype != q.dtype or table.device != q.device:
+            raise InputError(
+                f"{name} must be in q's dtype and on its device ({q.dtype}, {q.device}), "
+                f"got ({table.dtype}, {table.device})"
+            )
+    if (positions.shape, positions.dtype) != ((B, n), torch.int64):
+        raise InputError(
+            f"positions must be ({B}, {n}) int64, got {tuple(positions.shape)} {positions.dtype}"
+        )
+    if positions.device != q.device:
+        raise InputError(f"positions must be on q's device {q.device}, got {positions.device}")
+    Tc = sin.shape[2]
+    lo, hi = int(positions.min()), int(positions.max())  # one host sync
+    if lo < 0 or hi >= Tc:
+        raise InputError(f"positions must be in [0, {Tc - 1}], got min {lo}, max {hi}")
+
+
+def _check_knobs(temperature: float, top_k: int | None, top_p: float | None) -> None:
+    """The sampling knobs, as ``kv_cache.filter_logits`` takes them."""
+    if not (_is_real(temperature) and math.isfinite(temperature) and temperature >= 0):
+        raise InputError(
+            f"temperature must be a finite float >= 0, got {type(temperature).__name__} "
+            f"{temperature!r}"
+        )
+    if top_k is not None and not _is_index(top_k, 1, None):
+        raise InputError(f"top_k must be None or an int >= 1, got {type(top_k).__name__} {top_k!r}")
+    if top_p is not None and not (_is_real(top_p) and 0.0 < top_p <= 1.0):
+        raise InputError(
+            f"top_p must be None or a float in (0, 1], got {type(top_p).__name__} {top_p!r}"
+        )
+
+
+def _check_generator(generator: object, batch: int, device: torch.device) -> None:
+    """None, one ``torch.Generator`` on ``device``, or a list/tuple of ``batch`` of them."""
+    if generator is None:
+        return
+    if isinstance(generator, (list, tuple)):
+        if len(generator) != batch:
+            raise InputError(
+                f"a generator list must hold one torch.Generator per row ({batch}), "
+                f"got {len(generator)}"
+            )
+        for i, gen in enumerate(generator):
+            if not (isinstance(gen, torch.Generator) and _same_device(gen.device, device)):
+                got = gen.device if isinstance(gen, torch.Generator) else type(gen).__name__
+                raise InputError(f"generator[{i}] must be a torch.Generator on {device}, got {got}")
+        return
+    if not (isinstance(generator, torch.Generator) and _same_device(generator.device, device)):
+        found = generator.device if isinstance(generator, torch.Generator) else generator
+        raise InputError(
+            f"generator must be None, a torch.Generator on {device} or a list of {batch}, "
+            f"got {found!r}"
+        )
+
+
+def check_generate_args(
+    model: object,
+    prompt_ids: object,
+    attention_mask: object,
+    max_new_tokens: object,
+    knobs: tuple[float, int | None, float | None],
+    eos_id: object,
+    generator: object,
+    trace_layer: object,
+) -> None:
+    """Every check ``generate`` runs before any forward; ``knobs`` is ``(temperature,
+    top_k, top_p)``. ``t + max_new_tokens <= cfg.T`` with ``t`` the padded width.
+    """
+    gpt = check_model(model)
+    ids = check_tokens(gpt, prompt_ids, "prompt_ids")
+    check_mask(attention_mask, ids, "prompt_ids", need_real=True)
+    if (
+        isinstance(max_new_tokens, bool)
+        or not isinstance(max_new_tokens, int)
+        or max_new_tokens < 0
+    ):
+        raise InputError(
+            f"max_new_tokens must be an int >= 0, got {type(max_new_tokens).__name__} "
+            f"{max_new_tokens!r}"
+        )
+    B, t = ids.shape
+    T = gpt.cfg.T
+    if t + max_new_tokens > T:
+        raise InputError(
+            f"padded prompt length t + max_new_tokens must be <= cfg.T = {T}, got "
+            f"{t} + {max_new_tokens} = {t + max_new_tokens}"
+        )
+    _check_knobs(*knobs)
+    V = gpt.cfg.V
+    if eos_id is not None and not _is_index(eos_id, 0, V):
+        raise InputError(f"eos_id must be None or a token id in [0, {V - 1}], got {eos_id!r}")
+    _check_generator(generator, B, gpt.tok_emb.weight.device)
+    check_trace_layer(trace_layer, len(gpt.blocks))
+
+
+def check_loss_args(logits: object, targets: object, attention_mask: object) -> None:
+    """``padded_cross_entropy``'s inputs: logits ``(B, t, V)`` floating with ``t, V >= 1``,
+    targets ``(B, t)`` int64 on their device, the mask as ``check_mask`` (all-padding
+    rows allowed) and, with a mask, counted targets in ``[0, V)``. Without a mask the
+    values are ``F.cross_entropy``'s to judge.
+    """
+    if not isinstance(logits, torch.Tensor):
+        raise InputError(f"logits must be a torch.Tensor, got {type(logits).__name__}")
+    if logits.ndim != 3 or not logits.dtype.is_floating_point or 0 in logits.shape[1:]:
+        raise InputError(
+            f"logits must be a 3-D (B, t, V) floating tensor with t, V >= 1, got shape "
+            f"{tuple(logits.shape)} dtype {logits.dtype}"
+        )
+    if not isinstance(targets, torch.Tensor):
+        raise InputError(f"targets must be a torch.Tensor, got {type(targets).__name__}")
+    if targets.shape != logits.shape[:2] or targets.dtype != torch.int64:
+        raise InputError(
+            f"targets must be (B, t) = {tuple(logits.shape[:2])} int64, got shape "
+            f"{tuple(targets.shape)} dtype {targets.dtype}"
+        )
+    if targets.device != logits.device:
+        raise InputError(
+            f"targets device must be the logits' ({logits.device}), got {targets.device}"
+        )
+    mask = check_mask(attention_mask, targets, "targets")
+    if mask is None or targets.numel() == 0:
+        return
+    counted = targets.masked_fill(~mask, 0)  # (B, t), pads read as a valid 0
+    V = logits.shape[-1]
+    lo, hi = int(counted.min()), int(counted.max())  # one host sync
+    if lo < 0 or hi >= V:
+        raise InputError(
+            f"targets at counted positions must be in [0, {V - 1}], got min {lo}, max {hi}"
+        )
