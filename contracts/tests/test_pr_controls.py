@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+import pytest
 from prkit import PrRepo
 
 MIXER = "packages/mixer/src/ngt/model/mixer.py"
@@ -109,3 +113,25 @@ def test_an_absent_device_is_not_run_or_broken_when_required(pr_repo: PrRepo) ->
     code, out, _ = pr_repo.verdict("--require-device", "mps", "--skip-mutants")
     assert code == 1
     assert [v["rule"] for v in out["violations"]] == ["device.not-run"]
+
+
+def test_a_relative_python_is_taken_from_the_current_folder(
+    pr_repo: PrRepo, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The sandbox's runs start in other folders: a relative --python must still
+    # name the interpreter it named where the command was typed.
+    interpreter = Path(sys.executable)
+    monkeypatch.chdir(interpreter.parent)
+    pr_repo.replace(MIXER, "def mix(", '"""Mixing."""\n\n\ndef mix(')
+    pr_repo.pr("mixer")
+    code, out, err = pr_repo.verdict("--python", f"./{interpreter.name}")
+    assert code == 0, (out.get("violations"), err[-2000:])
+
+
+def test_a_python_that_is_not_there_is_an_error_before_any_work(pr_repo: PrRepo) -> None:
+    pr_repo.replace(MIXER, "def mix(", '"""Mixing."""\n\n\ndef mix(')
+    pr_repo.pr("mixer")
+    code, out, err = pr_repo.verdict("--python", "no/such/python")
+    assert code == 2 and out["ok"] is False
+    assert "expected an executable python interpreter, found none at 'no/such/python'" in err
+    assert "sandbox interpreter" not in err  # refused before a workspace was written

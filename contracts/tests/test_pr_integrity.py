@@ -31,6 +31,18 @@ def test_a_rewritten_checker_file_is_found(tmp_path: Path) -> None:
     ]
 
 
+def test_a_linked_folder_planted_on_the_watched_path_is_found(tmp_path: Path) -> None:
+    """A link is recorded, not followed: a new one is a change, its target's files are not."""
+    watched, elsewhere = tmp_path / "site", tmp_path / "elsewhere"
+    (watched / "pkg").mkdir(parents=True)
+    (watched / "pkg" / "mod.py").write_text("x = 1\n")
+    elsewhere.mkdir()
+    (elsewhere / "evil.py").write_text("x = 2\n")
+    guard = Guard.take([str(watched)], Path(niels_gpt_contracts.__file__).parent)
+    (watched / "linked").symlink_to(elsewhere, target_is_directory=True)
+    assert guard.changes() == [str(watched / "linked")]
+
+
 def test_every_checker_module_is_imported_before_the_prs_code_runs() -> None:
     assert preload() >= 30
 

@@ -11,6 +11,7 @@ key and line; all of a file's problems are reported together.
 from __future__ import annotations
 
 import ast
+import hashlib
 import json
 import re
 from collections.abc import Mapping
@@ -171,8 +172,16 @@ def load_schema(text: str | None, path: str = SCHEMA_PATH) -> dict[str, Any]:
         ) from None
     if not isinstance(schema, dict):
         raise ConfigError(f"{path}: expected a JSON object, found {type(schema).__name__}")
-    Draft202012Validator.check_schema(schema)
+    digest = hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()
+    if digest not in _VALID_SCHEMAS:  # checking against the meta-schema is a pure function
+        Draft202012Validator.check_schema(schema)
+        _VALID_SCHEMAS.add(digest)
     return schema
+
+
+# Digests of schema texts that passed ``check_schema`` in this process: a second
+# load of the same text (another verdict, another test) skips the check.
+_VALID_SCHEMAS: set[str] = set()
 
 
 def _describe(err: ValidationError) -> tuple[KeyPath, str]:

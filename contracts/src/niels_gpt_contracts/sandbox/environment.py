@@ -7,10 +7,11 @@ checker's own package, for its pytest plugin), and a scratch ``HOME``. Its
 like ``PYTEST_ADDOPTS``, ``PYTEST_PLUGINS``, ``PYTHONSTARTUP`` or git settings
 reaches a run, plugin autoloading is off and user site-packages are ignored.
 
-``Snapshot`` records every file on the interpreter's import path (size,
-modification and change times); a run of the PR's code that adds, removes or
-rewrites one of them (a ``.pth`` file dropped into site-packages, a patched
-pytest) is found by comparing snapshots before and after.
+``Snapshot`` records every file and symbolic link on the interpreter's import
+path (size, modification and change times); a run of the PR's code that adds,
+removes or rewrites one of them (a ``.pth`` file dropped into site-packages, a
+patched pytest, a linked folder) is found by comparing snapshots before and
+after.
 """
 
 from __future__ import annotations
@@ -134,17 +135,30 @@ class Snapshot:
 
     @classmethod
     def take(cls, roots: Iterable[str | Path]) -> Snapshot:
+        """Every file and symbolic link under ``roots``; links are recorded, never followed.
+
+        A guard takes two of these a verdict over the interpreter's whole
+        import path (tens of thousands of files): one ``scandir`` a folder and
+        one ``lstat`` a file, nothing more.
+        """
         files: dict[str, tuple[int, int, int]] = {}
-        for root in roots:
-            # __pycache__ included: a planted .pyc would run in every later process.
-            for folder, _dirs, names in os.walk(root):
-                for name in names:
-                    path = os.path.join(folder, name)
+        # __pycache__ included: a planted .pyc would run in every later process.
+        folders = [os.fspath(root) for root in roots]
+        while folders:
+            try:
+                entries = os.scandir(folders.pop())
+            except OSError:
+                continue
+            with entries:
+                for entry in entries:
                     try:
-                        st = os.lstat(path)
+                        if entry.is_dir(follow_symlinks=False):
+                            folders.append(entry.path)
+                            continue
+                        st = entry.stat(follow_symlinks=False)
                     except OSError:
                         continue
-                    files[path] = (st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+                    files[entry.path] = (st.st_size, st.st_mtime_ns, st.st_ctime_ns)
         return cls(files)
 
     def changes(self, later: Snapshot) -> list[str]:

@@ -204,10 +204,26 @@ def _tampered(stage: str, paths: list[str]) -> Outcome:
     return _outcome(stage, "sandbox", found, "checker, interpreter and workspace unchanged")
 
 
+def _interpreter(given: str) -> str:
+    """``--python`` as an absolute path: the sandbox's runs start in other folders.
+
+    A bare name is looked up on PATH. The path is made absolute, never resolved
+    through links: a venv's ``python`` is a link, and resolving it would leave
+    the venv. Raises ``ConfigError`` when nothing executable is there.
+    """
+    found = shutil.which(given)
+    if found is None:
+        raise ConfigError(
+            f"--python: expected an executable python interpreter, found none at {given!r}"
+        )
+    return os.path.abspath(found)
+
+
 def run(request: PrRequest, say: Say) -> Result:
     """The verdict; ``ConfigError`` when it cannot be given (exit 2, never a pass)."""
     # This process writes no bytecode: every new file on the watched paths is the PR's.
     sys.dont_write_bytecode = True
+    python_given = _interpreter(request.python) if request.python else None
     integrity.preload()
     processes.become_subreaper()
     ctx = pr_context.open_pr(request.repo, request.base, request.head, request.stage)
@@ -227,7 +243,7 @@ def run(request: PrRequest, say: Say) -> Result:
     with tempfile.TemporaryDirectory(prefix="contracts-pr-") as tmp:
         w = _write_workspace(ctx, p, Path(tmp))
         constraints = ctx.base_tree.read("constraints.txt") or ""
-        python = request.python or build(request.cache, constraints, say)
+        python = python_given or build(request.cache, constraints, say)
         box = Sandbox.prepare(python, w.root / "sandbox", namespaces(ctx.specs), threads=1)
         guard = integrity.Guard.take([*box.site_paths(), *w.watched(), str(box.boot)])
         say(f"sandbox interpreter {python}; workspace {w.root}")
@@ -265,7 +281,7 @@ def run(request: PrRequest, say: Say) -> Result:
             why = "skipped (--skip-mutants: a device job beside a full verdict)"
             result.outcomes.append(Outcome(spec.id, "mutants", "NOT RUN", why))
         tampered = guard.changes()
-    if tampered and request.python is None:
+    if tampered and python_given is None:
         # Never reuse an environment the PR's code may have poisoned.
         shutil.rmtree(Path(python).parent.parent, ignore_errors=True)
     result.outcomes.append(_tampered(spec.id, tampered))
