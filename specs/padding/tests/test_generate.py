@@ -691,8 +691,10 @@ def _bad_calls(
     right = mask.flip(-1)
     gens = [_generator(device, 0), _generator(device, 1)]
     return {
-        # the padded width counts, though each row's real length would fit
+        # the padded width counts: one new token too many for t = 3
         "too-long": (good, mask, (BAD_CFG.T - 3 + 1,), {}, []),
+        # the padded width counts, though every row's real length would fit
+        "too-long-every-row-padded": (good, _mask([1, 2], 3, device), (BAD_CFG.T - 3 + 1,), {}, []),
         "prompt-longer-than-T": (
             _tokens(BAD_CFG, 1, BAD_CFG.T + 1, 0, device),
             _mask([4], BAD_CFG.T + 1, device),
@@ -740,15 +742,33 @@ def _bad_calls(
     }
 
 
+def _watch_attention_writes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Record every attribute write on an attention module (``__class__`` included).
+
+    Switching a module or attaching a cache writes to it; "before any module
+    changes" means none of that happens before an error, even where the
+    module would be handed back afterwards.
+    """
+    writes: list[str] = []
+
+    def spy(module: torch.nn.Module, name: str, value: Any) -> None:
+        writes.append(f"{type(module).__name__}.{name}")
+        torch.nn.Module.__setattr__(module, name, value)
+
+    monkeypatch.setattr(CausalSelfAttention, "__setattr__", spy)
+    return writes
+
+
 @pytest.mark.invariant("padding.rejects_bad_input")
 @pytest.mark.invariant("padding.leaves_model")
 @pytest.mark.parametrize("case", sorted(_bad_calls(torch.device("cpu"))))
 def test_generate_rejects_bad_input_before_any_work(
-    device: torch.device, randomise: Randomise, case: str
+    device: torch.device, randomise: Randomise, case: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     prompt, mask, args, kwargs, needles = _bad_calls(device)[case]
     model = _model(BAD_CFG, device, torch.float32, randomise, 0)
     before = _state(model)
+    writes = _watch_attention_writes(monkeypatch)
     forwards: list[str] = []
     handles = [
         module.register_forward_pre_hook(lambda m, a: forwards.append(type(m).__name__))
@@ -761,6 +781,7 @@ def test_generate_rejects_bad_input_before_any_work(
         for handle in handles:
             handle.remove()
     assert forwards == []  # not even GPT.forward's own checks ran
+    assert writes == []  # no module was switched and no cache attached, not even for a moment
     message = str(caught.value)
     for needle in needles:
         assert needle in message, f"{needle!r} not named in {message!r}"
