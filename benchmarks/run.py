@@ -23,9 +23,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from benchmarks import decode, rope_autocast, train
 from benchmarks import experiments as downstream
 from benchmarks import reference as ref
-from benchmarks import rope_autocast, train
 from benchmarks.timing import measure, sync
 from niels_gpt.config import ModelConfig
 from niels_gpt.model.attention import CausalSelfAttention
@@ -343,6 +343,9 @@ def table(res: dict[str, Any]) -> str:
         lines.append(f"  {t:6d}{vals}")
     lines.append("")
 
+    if "decode" in res:
+        lines.extend(decode.table_lines(res["decode"]))
+        lines.append("")
     lines.extend(downstream.table_lines(res))
     lines.append("Targets")
     for name, ok, detail in targets(res):
@@ -386,6 +389,8 @@ def targets(res: dict[str, Any]) -> list[tuple[str, bool, str]]:
                 f"{ratio:.2f}x the reference's tokens/s (best rounds {best:.2f}x)",
             )
         )
+    if "decode" in res:
+        out.extend(decode.targets(res["decode"]))
     return out
 
 
@@ -474,6 +479,8 @@ def main(argv: list[str] | None = None) -> int:
         res["compile"] = bench_compile(device, 3)
     stage("tokens/s sweep")
     res["sweep"] = bench_sweep(device, 3 if not args.quick else 2, args.quick)
+    stage("kv_cache decode: generate, recompute loop, SDPA static cache")
+    res["decode"] = decode.bench(device, quick=args.quick, compile=not args.no_compile)
     stage("downstream experiment: v0/v1 steps, DDP")
     res["experiments"] = downstream.bench(device, 3, args.quick)
     res["targets"] = [{"target": n, "met": ok, "value": d} for n, ok, d in targets(res)]

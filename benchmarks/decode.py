@@ -1,0 +1,295 @@
+"""Greedy decoding with the kv_cache stage beside a recompute loop and a compact SDPA decoder.
+
+    python -m benchmarks.decode [--device cpu|cuda|mps] [--quick] [--no-compile] [--threads N]
+
+Also a section of ``nox -s bench`` (``benchmarks.run``). Run alone in full, it
+prints its table and writes ``decode.json`` and ``decode.txt`` into
+``benchmarks/results/``; ``--quick`` (one round) only prints.
+
+The default config (``train.CONFIGS["default"]``: V=256, dropout 0), batch 1,
+a 64-token prompt and 448 new tokens, so the last step writes position 511.
+Whole runs, timed interleaved by ``benchmarks.timing.measure``:
+
+- ``kv_cache.generate`` at temperature 0: a prefill, then one-token steps;
+- the same steps written out here on the stage's cache, eager and through
+  ``torch.compile(fullgraph=True)`` (gpt-fast's recipe: a cache allocated
+  once, a one-token step captured whole), so the compile speed-up is taken on
+  the same model, batch and positions as the eager figure;
+- ``SdpaDecoder``: a compact decoder written here on the same weights, with
+  its own static cache and ``scaled_dot_product_attention``;
+- a no-cache loop: every step reruns the whole prefix through ``GPT.forward``.
+
+Also the latency of one step at positions 64, 256 and 511 (the step that
+writes that position, the cache holding the positions before it). On a CPU
+the bench runs one torch thread by default: a one-token step is a chain of
+small kernels, and a second thread on a shared two-core machine mostly
+measures the neighbours (their barrier waits, not our work).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, cast
+
+import torch
+import torch._dynamo
+import torch._dynamo.testing
+
+from benchmarks import train
+from benchmarks.decoders import SdpaDecoder, Step, recompute_loop, rewind, step_loop
+from benchmarks.timing import measure, sync
+from niels_gpt.model.gpt import GPT
+from niels_gpt.model.kv_cache import KVCache, generate, use_kv_cache
+
+CFG = train.CONFIGS["default"][0]
+PROMPT, NEW = 64, 448
+POSITIONS = (64, 256, 511)
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def _agree(got: torch.Tensor, want: torch.Tensor) -> int:
+    """How many new tokens of ``got`` equal ``want``'s before the first difference."""
+    same = (got[:, PROMPT:] == want[:, PROMPT:]).all(0)  # (NEW,)
+    return int(same.int().cumprod(0).sum())
+
+
+def _greedy(model: GPT, prompt: torch.Tensor, new: int) -> torch.Tensor:
+    """``kv_cache.generate`` at temperature 0: ``(B, t + new)`` ids."""
+    return cast(torch.Tensor, generate(model, prompt, new, temperature=0))
+
+
+def _latency(
+    prepare: dict[str, Callable[[int], Callable[[], object]]], device: torch.device, rounds: int
+) -> dict[str, dict[str, float]]:
+    """Median seconds of one step at each position; ``prepare[name](p)`` fills the cache."""
+    out: dict[str, dict[str, float]] = {name: {} for name in prepare}
+    for p in POSITIONS:
+        stats = measure({name: make(p) for name, make in prepare.items()}, device, rounds=rounds)
+        for name, stat in stats.items():
+            out[name][str(p)] = stat.median
+    return out
+
+
+def _compile(
+    model: GPT, caches: list[KVCache], ids: torch.Tensor, device: torch.device
+) -> tuple[dict[str, Any], Step | None, Callable[[], int]]:
+    """Graph breaks of the step (``torch._dynamo.explain``), then ``torch.compile`` and one run.
+
+    Returns the facts, the compiled step (``None`` if compiling failed) and a
+    count of the graphs compiled so far.
+    """
+    torch._dynamo.reset()
+    rewind(caches, 0)
+    model(ids[:, :PROMPT])  # (1, t, V): an eager prefill, then explain one step
+    report = torch._dynamo.explain(model)(ids[:, PROMPT : PROMPT + 1])
+    facts: dict[str, Any] = {
+        "explain_graphs": report.graph_count,
+        "graph_breaks": report.graph_break_count,
+        "break_reasons": [str(b.reason) for b in report.break_reasons],
+    }
+    torch._dynamo.reset()
+    counter = torch._dynamo.testing.CompileCounterWithBackend("inductor")
+    compiled = cast(Step, torch.compile(model, backend=counter, fullgraph=True))
+    t0 = time.perf_counter()
+    try:
+        step_loop(compiled, model, caches, ids[:, :PROMPT], NEW)()  # compiles as it goes
+        sync(device)
+    except Exception as exc:  # no C++ toolchain, unsupported backend, ...
+        return {**facts, "error": f"{type(exc).__name__}: {exc}"[:500]}, None, lambda: 0
+    facts["compile_s"] = time.perf_counter() - t0  # the first run: compiling and 448 tokens
+    facts["graphs_first_run"] = counter.frame_count
+    return facts, compiled, lambda: counter.frame_count
+
+
+def bench(
+    device: torch.device, *, quick: bool = False, compile: bool = True, threads: int = 1
+) -> dict[str, Any]:
+    """Every figure of the table as a dict (JSON-ready); ``threads`` 0 keeps torch's."""
+    old_threads = torch.get_num_threads()
+    torch.set_num_threads(threads or old_threads)
+    try:
+        with torch.no_grad():
+            return _bench(device, quick, compile)
+    finally:
+        torch.set_num_threads(old_threads)
+        torch._dynamo.reset()
+
+
+def _bench(device: torch.device, quick: bool, compile: bool) -> dict[str, Any]:
+    torch.manual_seed(0)
+    model = GPT(CFG).to(device).eval()
+    plain = copy.deepcopy(model)  # the same weights, never switched: the recompute loop's
+    gen = torch.Generator().manual_seed(1)
+    # (1, t + new), laid out as a run's ids: the latency steps' inputs are slices of it, and
+    # another stride would cost the compiled step one more graph (a stride guard)
+    ids = torch.randint(0, CFG.V, (1, PROMPT + NEW), generator=gen).to(device)
+    prompt = ids[:, :PROMPT]  # (1, t)
+    sdpa = SdpaDecoder(model, 1)
+    res: dict[str, Any] = {"cfg": {**CFG.__dict__, "batch": 1}, "prompt": PROMPT, "new": NEW}
+    res["threads"], res["quick"] = torch.get_num_threads(), quick
+
+    want = recompute_loop(plain, prompt, 16)  # (1, t + 16): the first tokens must agree
+    for name, got in (("kv_cache", _greedy(model, prompt, 16)), ("SDPA", sdpa.greedy(prompt, 16))):
+        if not torch.equal(got, want):
+            raise RuntimeError(f"{name} greedy tokens differ from the recompute loop's")
+
+    caches = use_kv_cache(model, 1)  # generate() keeps and gives back these
+    runs: dict[str, Callable[[], torch.Tensor]] = {
+        "kv_cache.generate": lambda: _greedy(model, prompt, NEW),
+        "kv_cache steps, eager": step_loop(model, model, caches, prompt, NEW),
+    }
+    graphs: Callable[[], int] = lambda: 0  # noqa: E731
+    compiled: Step | None = None
+    if compile:
+        res["compile"], compiled, graphs = _compile(model, caches, ids, device)
+        if compiled is not None:
+            runs["kv_cache steps, compiled"] = step_loop(compiled, model, caches, prompt, NEW)
+    runs["SDPA static cache"] = lambda: sdpa.greedy(prompt, NEW)
+    runs["no-cache recompute"] = lambda: recompute_loop(plain, prompt, NEW)
+
+    outputs: dict[str, torch.Tensor] = {}
+
+    def keep(name: str) -> Callable[[], object]:
+        return lambda: outputs.__setitem__(name, runs[name]())
+
+    names = [n for n in runs if n != "no-cache recompute"]
+    stats = measure(
+        {n: keep(n) for n in names}, device, rounds=1 if quick else 3, warmup=1, min_sample_s=0.0
+    )
+    # minutes a run on a CPU: its first run is the warm-up, then one timed run
+    stats |= measure(
+        {"no-cache recompute": keep("no-cache recompute")},
+        device,
+        rounds=1,
+        warmup=0,
+        min_sample_s=0.0,
+    )
+    res["runs"] = {n: s.as_dict() for n, s in stats.items()}
+    res["tokens_per_s"] = {n: NEW / s.median for n, s in stats.items()}
+    res["agree_with_generate"] = {
+        n: _agree(o, outputs["kv_cache.generate"]) for n, o in outputs.items()
+    }
+
+    def cached(step: Step) -> Callable[[int], Callable[[], object]]:
+        def make(p: int) -> Callable[[], object]:
+            rewind(caches, 0)
+            model(ids[:, :p])  # (1, p, V): the prefill, untimed
+            x = ids[:, p : p + 1]  # (1, 1)
+
+            def one() -> torch.Tensor:
+                rewind(caches, p)
+                return step(x)  # (1, 1, V)
+
+            return one
+
+        return make
+
+    def sdpa_step(p: int) -> Callable[[], object]:
+        sdpa.forward(ids[:, :p], 0)  # (1, p, V): the prefill, untimed
+        return lambda: sdpa.forward(ids[:, p : p + 1], p)
+
+    prepare = {"kv_cache step, eager": cached(model)}
+    if compiled is not None:
+        prepare["kv_cache step, compiled"] = cached(compiled)
+    prepare["SDPA static cache"] = sdpa_step
+    prepare["no-cache recompute"] = lambda p: lambda: plain(ids[:, : p + 1])
+    res["latency_s"] = _latency(prepare, device, rounds=3 if quick else 7)
+    if compile and compiled is not None:
+        res["compile"]["graphs_compiled"] = graphs()  # after every timed call
+    return res
+
+
+def table_lines(res: dict[str, Any]) -> list[str]:
+    """The printed table: tokens/s, the compile facts, latency by position."""
+    c, tps = res["cfg"], res["tokens_per_s"]
+    lines = [
+        f"Greedy decoding, V={c['V']} T={c['T']} C={c['C']} L={c['L']} H={c['H']} "
+        f"d_ff={c['d_ff']}, batch {c['batch']}, prompt {res['prompt']}, {res['new']} new tokens, "
+        f"{res['threads']} torch thread(s)",
+        f"  whole runs (prefill + steps), interleaved, median of "
+        f"{len(res['runs']['kv_cache.generate']['rounds_s'])} (recompute: 1)",
+    ]
+    base = tps["no-cache recompute"]
+    for name, value in tps.items():
+        agree = res["agree_with_generate"][name]
+        lines.append(
+            f"    {name:26s}{value:8.1f} tok/s  x{value / base:6.2f} vs recompute"
+            f"   {agree}/{res['new']} tokens as generate's"
+        )
+    comp = res.get("compile")
+    if comp is not None:
+        lines.append(
+            f"  torch._dynamo.explain of the kv_cache one-token step: {comp['explain_graphs']} "
+            f"graph(s), {comp['graph_breaks']} graph break(s)"
+        )
+        if "error" in comp:
+            lines.append(f"  torch.compile failed: {comp['error']}")
+        else:
+            e, f = tps["kv_cache steps, eager"], tps["kv_cache steps, compiled"]
+            lines += [
+                f"  torch.compile(fullgraph=True, inductor) of that step: x{f / e:.2f} "
+                f"({e:.1f} -> {f:.1f} tok/s), the same model, batch and positions as the eager",
+                f"    steps above; graphs compiled: {comp['graphs_first_run']} in the first run "
+                f"({comp['compile_s']:.0f} s, compiling included: inductor's disk cache may be "
+                f"warm), {comp['graphs_compiled']} after all timing",
+            ]
+    rounds = "median of 3" if res["quick"] else "median of 7"
+    lines.append(
+        f"  latency of one step (ms, {rounds}) at position " + ", ".join(map(str, POSITIONS))
+    )
+    for name, lat in res["latency_s"].items():
+        cells = "".join(f"{lat[str(p)] * 1e3:10.2f}" for p in POSITIONS)
+        lines.append(f"    {name:26s}{cells}   511/64 = x{lat['511'] / lat['64']:.2f}")
+    return lines
+
+
+def targets(res: dict[str, Any]) -> list[tuple[str, bool, str]]:
+    """Issue 12's speed targets: 5x the recompute loop, latency flat in position."""
+    tps, lat = res["tokens_per_s"], res["latency_s"]["kv_cache step, eager"]
+    speed = tps["kv_cache.generate"] / tps["no-cache recompute"]
+    flat = lat["511"] / lat["64"]
+    return [
+        ("kv_cache decode >= 5x the recompute loop", speed >= 5.0, f"{speed:.1f}x"),
+        ("kv_cache step latency flat: at 511 <= 1.5x at 64", flat <= 1.5, f"{flat:.2f}x"),
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda", "mps"))
+    parser.add_argument("--quick", action="store_true", help="one round; write no files")
+    parser.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads; 0 keeps torch's")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    torch.set_num_threads(args.threads or torch.get_num_threads())  # as machine() reports it
+    t0, load0 = time.perf_counter(), os.getloadavg()[0]
+    res = bench(device, quick=args.quick, compile=not args.no_compile, threads=args.threads)
+    res["load_average"] = [load0, os.getloadavg()[0]]  # other work on a shared machine
+    res["targets"] = [{"target": n, "met": ok, "value": d} for n, ok, d in targets(res)]
+    res["wall_s"] = time.perf_counter() - t0
+    from benchmarks.run import machine  # here: benchmarks.run imports this module
+
+    res["machine"] = machine(device)
+    load = "load average {:.1f} at the start, {:.1f} at the end".format(*res["load_average"])
+    lines = [f"machine: {res['machine']}; {load}", *table_lines(res)] + [
+        f"  [{'met ' if t['met'] else 'MISS'}] {t['target']}: {t['value']}" for t in res["targets"]
+    ]
+    text = "\n".join(lines) + "\n"
+    print(text, end="")
+    if not args.quick:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "decode.json").write_text(json.dumps(res, indent=2) + "\n")
+        (args.out / "decode.txt").write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
