@@ -272,6 +272,32 @@ RULES: dict[str, RuleDoc] = {
         "reached what judges it, and the verdict cannot stand.",
         "Find what in the PR writes outside its own files, and remove it.",
     ),
+    "oracle.differs": RuleDoc(
+        "The PR's code answers an oracle call unlike the base's code.",
+        "The checker drives each closure stage's public API with inputs drawn from a "
+        "secret per-verdict seed over the spec's whole domain, in a plain Python process "
+        "that looks like a user's, and compares the tensors with the same calls on the "
+        "base's code (or the spec's float64 reference) within dtype-derived bounds. A "
+        "difference beyond the bound, another exception type or other outputs is a "
+        "change of behaviour that no test has to catch.",
+        "Reproduce it with the call and inputs the message names (contracts pr "
+        "--oracle-seed N replays the seed); make the code compute what the base's does.",
+    ),
+    "oracle.invariant": RuleDoc(
+        "An invariant the oracle checks does not hold on the PR's code.",
+        "Where no second implementation can stand in (dropout in training), the oracle's "
+        "driver checks the spec's invariants between calls: later tokens never change "
+        "earlier outputs, rows of a batch are independent, a padded row equals the row "
+        "alone, a cached call equals the uncached one, probabilities are causal.",
+        "Reproduce the two calls the message names and make the invariant hold.",
+    ),
+    "oracle.error": RuleDoc(
+        "The oracle could not get an answer from the PR's code.",
+        "The PR's worker must import every stage of the tree and run every driver to its "
+        "end; a crash, a time-out or an unreadable answer is not evidence that the code "
+        "is right, so it counts against the PR.",
+        "Read the error in the message; import the stage as a user would and run the call.",
+    ),
 }
 
 # What each kind of spec-defined static rule checks (rule descriptions).
@@ -285,6 +311,7 @@ SPEC_RULE_KINDS: dict[str, str] = {
     "dependencies": "the package's [project].dependencies name exactly the allowed distributions",
     "forbidden_ops": "no listed ATen op (or, where the rule says so, no dtype or device "
     "change) is dispatched while the rule's driver runs the stage's code",
+    "no_class_switch": "no object's __class__ is assigned in the files (no in-place class switch)",
 }
 
 

@@ -96,7 +96,8 @@ def tracked(pid: int) -> Iterator[None]:
             _active.discard(pid)
 
 
-def _kill_group(pid: int) -> None:
+def kill_group(pid: int) -> None:
+    """SIGKILL the process group (session) led by ``pid``, if any is left."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
 
@@ -129,10 +130,10 @@ def run(
             out, err = proc.communicate(stdin, timeout=timeout)
             code: int | None = proc.returncode
         except subprocess.TimeoutExpired:
-            _kill_group(proc.pid)
+            kill_group(proc.pid)
             out, err = proc.communicate()
             code = None
-        _kill_group(proc.pid)
+        kill_group(proc.pid)
     finally:
         with _lock:
             _active.discard(proc.pid)

@@ -21,7 +21,14 @@ import niels_gpt_contracts
 from niels_gpt_contracts.sandbox.environment import Snapshot
 
 # Modules that run only inside the sandbox (scripts), never in the checker.
-SANDBOX_SCRIPTS = ("_probe", "_runtime_probe", "_bootstrap_site", "zygote")
+SANDBOX_SCRIPTS = (
+    "_probe",
+    "_runtime_probe",
+    "_bootstrap_site",
+    "zygote",
+    "_oracle_kit",
+    "_oracle_worker",
+)
 
 
 def preload() -> int:

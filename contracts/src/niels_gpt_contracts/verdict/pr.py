@@ -37,7 +37,7 @@ from niels_gpt_contracts.result import Outcome, Result, Violation
 from niels_gpt_contracts.sandbox import processes, pytest_run, runtime_probe, workspace
 from niels_gpt_contracts.sandbox.environment import Sandbox, build
 from niels_gpt_contracts.spec import Spec
-from niels_gpt_contracts.verdict import integrity, plan, ratchet, runtime
+from niels_gpt_contracts.verdict import integrity, oracle, plan, ratchet, runtime
 from niels_gpt_contracts.verdict.mutation import CACHE_NAME, run_mutants
 
 Say = Callable[[str], None]
@@ -58,6 +58,7 @@ class PrRequest:
     jobs: int = 0
     mutants: bool = True
     timeout: float = 1800.0
+    oracle_seed: int | None = None  # None: a fresh secret seed (verdict.oracle)
 
 
 @dataclass
@@ -253,6 +254,8 @@ def run(request: PrRequest, say: Say) -> Result:
         gate.stage_checks(
             result, spec, ctx.specs, ctx.head_tree, claims, found_api, ctx.changed_lines
         )
+        code = (w.head, w.base)
+        result.outcomes.append(oracle.judge(ctx, p, box, code, say, request.oracle_seed))
         runner = _Runner(box, w, jobs, request.timeout)
         rules = p.rules()
         for device in request.devices:
