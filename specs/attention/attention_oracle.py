@@ -73,7 +73,7 @@ def _module(o: Oracle, cfg: ModelConfig, tag: str, dtype: torch.dtype) -> Causal
 
 def _sweep(o: Oracle) -> None:
     """Every T in [1, 1024] for one small config, eval, in float64 and in float32."""
-    cfg = ModelConfig(V=2, T=1024, C=8, H=2, dropout=0.0, rope_theta=10000.0)
+    cfg = ModelConfig(V=2, T=1024, C=4, H=1, dropout=0.0, rope_theta=10000.0)
     for dtype, short in ((torch.float64, "f64"), (torch.float32, "f32")):
         attn = _module(o, cfg, f"sweep-{short}", dtype).eval()
         x_all = o.randn(1, cfg.T, cfg.C, tag=f"sweep-x-{short}", dtype=dtype)  # (1, T, C)
@@ -83,7 +83,7 @@ def _sweep(o: Oracle) -> None:
                 o.call(
                     f"sweep/{short}/T={t}",
                     partial(attn, x),
-                    desc=f"B=1 T={t} C=8 H=2 {short} eval no_grad",
+                    desc=f"B=1 T={t} C=4 H=1 {short} eval no_grad",
                     stages=4,
                     reduction=max(cfg.C, t),
                     rules=RULES,

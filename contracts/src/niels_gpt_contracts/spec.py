@@ -315,11 +315,11 @@ def parse_spec(path: str, text: str, schema: Mapping[str, Any]) -> Spec:
     oracle = data.get("oracle")
     own = f"{SPECS_DIR}/{data['id']}/"
     if oracle is not None:
-        files = [("driver", oracle["driver"])]
-        files += [(("references", m), f) for m, f in oracle.get("references", {}).items()]
-        for key, target in files:
+        files: list[tuple[KeyPath, str]] = [(("oracle", "driver"), oracle["driver"])]
+        refs = oracle.get("references", {})
+        files += [(("oracle", "references", m), f) for m, f in refs.items()]
+        for where, target in files:
             if not target.startswith(own):
-                where = ("oracle", *key) if isinstance(key, tuple) else ("oracle", key)
                 fail(where, f"expected a file under {own} (maintainer-owned), found {target!r}")
     for i, scope in enumerate(data["paths"].get("line_scoped", [])):
         problem = _pattern_problem(scope["paths"])

@@ -165,6 +165,11 @@ class Oracle:
         return {"kind": "equal", "lhs": _ref(lhs), "rhs": _ref(rhs)}
 
     @staticmethod
+    def zero(ref: Ref) -> dict[str, Any]:
+        """Relation: every value of the slice is exactly zero (padded positions' logits)."""
+        return {"kind": "zero", "lhs": _ref(ref)}
+
+    @staticmethod
     def upper_zero(ref: Ref) -> dict[str, Any]:
         """Relation: above the diagonal of the last two dims the slice is exactly zero."""
         return {"kind": "upper_zero", "lhs": _ref(ref)}

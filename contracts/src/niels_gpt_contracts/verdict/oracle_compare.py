@@ -147,9 +147,12 @@ def _relation(relation: Mapping[str, Any], head: Stream, stage: str, want: Call)
     lhs = _slice(head, stage, relation.get("lhs"))
     if isinstance(lhs, str):
         return lhs
-    if relation.get("kind") == "upper_zero":
-        dev = tolerance.upper_zero(lhs[0])
-        return None if dev is None else f"{relation['lhs'][1]} not causal: {dev.text}"
+    kind = relation.get("kind")
+    if kind in ("upper_zero", "zero"):
+        dev = (tolerance.upper_zero if kind == "upper_zero" else tolerance.zero)(lhs[0])
+        what = "puts weight above the diagonal" if kind == "upper_zero" else "is not zero"
+        a = relation["lhs"]
+        return None if dev is None else f"{a[0]}/{a[1]}{a[2]} {what}: {dev.text}"
     rhs = _slice(head, stage, relation.get("rhs"))
     if isinstance(rhs, str):
         return rhs

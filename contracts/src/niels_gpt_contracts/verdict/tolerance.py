@@ -121,6 +121,14 @@ def compare(
     )
 
 
+def zero(got: np.ndarray[Any, Any]) -> Deviation | None:
+    """``None`` when every value is exactly 0."""
+    bad = got != 0
+    if not bool(bad.any()):
+        return None
+    return Deviation(f"{int(bad.sum())} of {bad.size} values are not 0")
+
+
 def upper_zero(got: np.ndarray[Any, Any]) -> Deviation | None:
     """``None`` when every entry above the diagonal of the last two dims is exactly 0."""
     if got.ndim < 2:
