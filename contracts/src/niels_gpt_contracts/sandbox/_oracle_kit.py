@@ -218,7 +218,7 @@ class Oracle:
             "desc": desc,
             "stages": stages,
             "reduction": reduction,
-            "rules": sorted(set(rules) & set(self._watch)),
+            "rules": sorted(set(rules)),
             "relations": [dict(r) for r in relations],
             "compare": None if compare is None else list(compare),
             "computes_in": None if computes_in is None else str(computes_in).removeprefix("torch."),
@@ -228,7 +228,7 @@ class Oracle:
         tensors: dict[str, torch.Tensor] = {}
         plain: dict[str, Any] = {}
         try:
-            with self._watched(header["rules"], casts):
+            with self._watched(sorted(set(rules) & set(self._watch)), casts):
                 value = fn()
             _flatten(value, "", tensors, plain)
         except Exception as err:  # the exception is the call's answer
