@@ -112,6 +112,24 @@ RULES: dict[str, RuleDoc] = {
         "internals) hides what runs from every static check.",
         "Write the code out so that it reads as what it does.",
     ),
+    "source.name": RuleDoc(
+        "A stage module uses a name that is, or reaches, something it may not.",
+        "Imported names and attribute chains are checked for what they are, resolved in "
+        "an interpreter that imports no code of the PR: a module object such as os, sys, "
+        "subprocess or importlib, a function that runs programs or loads code "
+        "(torch.utils.collect_env.run), one that changes torch's global state (global "
+        "module hooks, seeds, default dtype), or a name another stage's module does not "
+        "define or export, whichever allowed module the name is taken from.",
+        "Compute with torch's tensor API and the stages' exported names only.",
+    ),
+    "source.foreign-write": RuleDoc(
+        "A stage module writes to something it does not own.",
+        "Assigning or deleting an attribute or item of another stage's, torch's or "
+        "pytest's modules, classes or functions (directly, through an alias, through "
+        "type(x) or x.__class__, or with setattr/delattr), or replacing a module's forward, "
+        "changes what other code computes behind its back.",
+        "Subclass, wrap or pass values instead; change another stage in that stage's PR.",
+    ),
     "api.missing": RuleDoc(
         "A public object the spec lists cannot be imported.",
         "Each object in the stage spec's API must import from its listed module path, in "

@@ -23,6 +23,7 @@ from niels_gpt_contracts.sandbox.environment import Snapshot
 # Modules that run only inside the sandbox (scripts), never in the checker.
 SANDBOX_SCRIPTS = (
     "_probe",
+    "_name_probe",
     "_runtime_probe",
     "_bootstrap_site",
     "zygote",

@@ -252,7 +252,14 @@ def run(request: PrRequest, say: Say) -> Result:
         found_api = api.check_api([spec], ctx.head_tree, box.python, box.environ([]), owned)
         processes.reap_orphans()
         gate.stage_checks(
-            result, spec, ctx.specs, ctx.head_tree, claims, found_api, ctx.changed_lines
+            result,
+            spec,
+            ctx.specs,
+            ctx.head_tree,
+            claims,
+            found_api,
+            ctx.changed_lines,
+            (box.python, box.environ([])),
         )
         code = (w.head, w.base)
         result.outcomes.append(oracle.judge(ctx, p, box, code, say, request.oracle_seed))
