@@ -122,9 +122,8 @@ def chains(tree: ast.Module) -> list[tuple[str, int]]:
     for node in ast.walk(tree):  # what every import statement loads, used or not
         if isinstance(node, ast.Import):
             out += [(a.name, node.lineno) for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            if node.module != "__future__":
-                out += [(f"{node.module}.{a.name}", node.lineno) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module != "__future__":
+            out += [(f"{node.module}.{a.name}", node.lineno) for a in node.names if node.module]
     return sorted(set(out), key=lambda c: (c[1], c[0]))
 
 
