@@ -31,7 +31,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from niels_gpt_contracts.sandbox import processes
+from niels_gpt_contracts.sandbox import confine, processes
 from niels_gpt_contracts.sandbox.environment import PASSED_THROUGH, Sandbox, Snapshot
 
 WORKER = "_oracle_worker.py"
@@ -310,6 +310,7 @@ def run(
     results: list[Stream | None] = [None] * len(jobs)
     homes = [Path(tempfile.mkdtemp()) for _ in jobs]
     sites = [site_folder(j.roots, home) for j, home in zip(jobs, homes, strict=True)]
+    confine.add_readonly(box, homes)  # no worker writes into another's code
     before = Snapshot.take([*homes, *watched])
 
     def one(i: int) -> None:

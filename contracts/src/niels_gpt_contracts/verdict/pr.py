@@ -34,8 +34,15 @@ from niels_gpt_contracts.checks.modules import namespaces
 from niels_gpt_contracts.errors import ConfigError
 from niels_gpt_contracts.mutants.runner import Cache
 from niels_gpt_contracts.result import Outcome, Result, Violation
-from niels_gpt_contracts.sandbox import processes, pytest_run, runtime_probe, workspace
-from niels_gpt_contracts.sandbox.environment import Sandbox, build
+from niels_gpt_contracts.sandbox import (
+    confine,
+    env_trust,
+    processes,
+    pytest_run,
+    runtime_probe,
+    workspace,
+)
+from niels_gpt_contracts.sandbox.environment import Sandbox
 from niels_gpt_contracts.spec import Spec
 from niels_gpt_contracts.verdict import integrity, oracle, plan, ratchet, runtime
 from niels_gpt_contracts.verdict.mutation import CACHE_NAME, run_mutants
@@ -244,10 +251,13 @@ def run(request: PrRequest, say: Say) -> Result:
     with tempfile.TemporaryDirectory(prefix="contracts-pr-") as tmp:
         w = _write_workspace(ctx, p, Path(tmp))
         constraints = ctx.base_tree.read("constraints.txt") or ""
-        python = python_given or build(request.cache, constraints, say)
+        python = python_given or env_trust.build(request.cache, constraints, say)
         box = Sandbox.prepare(python, w.root / "sandbox", namespaces(ctx.specs), threads=1)
-        guard = integrity.Guard.take([*box.site_paths(), *w.watched(), str(box.boot)])
-        say(f"sandbox interpreter {python}; workspace {w.root}")
+        guard = integrity.Guard.take([*box.trusted_paths(), *w.watched(), str(box.boot)])
+        box, confinement = confine.confined(
+            box, [*guard.roots, guard.package, request.cache, request.repo]
+        )
+        say(f"sandbox interpreter {python} ({confinement}); workspace {w.root}")
         owned = [f for s in ctx.specs.values() for f in s.module_files]
         found_api = api.check_api([spec], ctx.head_tree, box.python, box.environ([]), owned)
         processes.reap_orphans()
@@ -293,6 +303,6 @@ def run(request: PrRequest, say: Say) -> Result:
         tampered = guard.changes()
     if tampered and python_given is None:
         # Never reuse an environment the PR's code may have poisoned.
-        shutil.rmtree(Path(python).parent.parent, ignore_errors=True)
+        env_trust.discard(Path(python).parent.parent)
     result.outcomes.append(_tampered(spec.id, tampered))
     return result
