@@ -6,8 +6,9 @@ from the verdict's secret seed; every call goes through ``o.call``, whose
 answers the checker compares with the same call on the base's code (or on
 ``attention_reference.py``). Domain covered:
 
-- every length ``T`` from 1 to ``cfg.T = 1024`` (so every query-block edge:
-  127/128/129, 255/256/257, 511/512/513, ...), in float64 and float32;
+- every length ``T`` from 1 to ``cfg.T = 1024`` in float64 (so every
+  query-block edge: 127/128/129, 255/256/257, 511/512/513, ...), and in
+  float32 the edges and 64 lengths drawn from the seed;
 - configs drawn over widths, heads, ``rope_theta`` and dropout, the
   default config among them; batch sizes 1 to 4; eval and train; with and
   without probabilities; ``no_grad``, ``inference_mode`` and backward;
@@ -18,8 +19,8 @@ answers the checker compares with the same call on the base's code (or on
   weight above the diagonal;
 - bad inputs (wrong width, rank, length, dtype): the error type must match.
 
-Calls named ``sweep/*`` and ``config*`` fall under the ``no-sdpa-runtime``
-rule: their ATen ops are recorded and judged.
+Calls fall under the ``no-sdpa-runtime`` rule (their ATen ops are recorded
+and judged): every one but seven in eight of the float64 sweep.
 """
 
 from __future__ import annotations
@@ -72,13 +73,22 @@ def _module(o: Oracle, cfg: ModelConfig, tag: str, dtype: torch.dtype) -> Causal
 
 
 def _sweep(o: Oracle) -> None:
-    """Every T in [1, 1024] for one small config, eval, in float64 and in float32."""
+    """Every T in [1, 1024] in float64; in float32 the edges and 64 drawn lengths (eval).
+
+    The ops of the float32 calls and of every 8th float64 one are recorded.
+    """
     cfg = ModelConfig(V=2, T=1024, C=4, H=1, dropout=0.0, rope_theta=10000.0)
-    for dtype, short in ((torch.float64, "f64"), (torch.float32, "f32")):
+    r = o.rng("sweep")
+    f32 = sorted({*EDGES, *(r.randint(1, cfg.T) for _ in range(64))})
+    for dtype, short, lengths in (
+        (torch.float64, "f64", range(1, cfg.T + 1)),
+        (torch.float32, "f32", f32),
+    ):
         attn = _module(o, cfg, f"sweep-{short}", dtype).eval()
         x_all = o.randn(1, cfg.T, cfg.C, tag=f"sweep-x-{short}", dtype=dtype)  # (1, T, C)
-        for t in range(1, cfg.T + 1):
+        for t in lengths:
             x = x_all[:, :t]  # (1, t, C)
+            watched = short == "f32" or t % 8 == 0 or t in EDGES
             with torch.no_grad():
                 o.call(
                     f"sweep/{short}/T={t}",
@@ -86,7 +96,7 @@ def _sweep(o: Oracle) -> None:
                     desc=f"B=1 T={t} C=4 H=1 {short} eval no_grad",
                     stages=4,
                     reduction=max(cfg.C, t),
-                    rules=RULES,
+                    rules=RULES if watched else (),
                 )
 
 

@@ -104,6 +104,7 @@ class Oracle:
         self._index = 0
         self._name = ""
         self.labels: dict[str, str] = {}  # profiler label -> call name, watched calls only
+        self.profiler: Any = None  # the worker's profiler session, when calls are watched
 
     # --- draws ---------------------------------------------------------------
     def rng(self, tag: str) -> random.Random:
@@ -252,8 +253,15 @@ class Oracle:
         label = f"oracle-call#{self.stage}#{self._index}"
         self.labels[label] = self._name
         spy = _cast_spy(casts) if any(self._watch[r] for r in rules) else contextlib.nullcontext()
-        with torch.profiler.record_function(label), spy:
-            yield
+        cpu = [torch.profiler.ProfilerActivity.CPU]
+        if self.profiler is not None:  # collection is on only inside watched calls
+            self.profiler.toggle_collection_dynamic(True, cpu)
+        try:
+            with torch.profiler.record_function(label), spy:
+                yield
+        finally:
+            if self.profiler is not None:
+                self.profiler.toggle_collection_dynamic(False, cpu)
 
 
 def _cast_spy(casts: list[str]) -> contextlib.AbstractContextManager[Any]:

@@ -122,6 +122,8 @@ def main() -> None:
             if watch:
                 activity = [torch.profiler.ProfilerActivity.CPU]
                 with torch.profiler.profile(activities=activity) as prof:
+                    prof.toggle_collection_dynamic(False, activity)
+                    oracle.profiler = prof
                     fn(oracle)
                 frames.write({"kind": "ops", "stage": stage, "ops": _ops(prof, oracle.labels)})
             else:
