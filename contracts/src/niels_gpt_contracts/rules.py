@@ -231,6 +231,16 @@ RULES: dict[str, RuleDoc] = {
         "would have proved, so nothing in it counts as passed.",
         "Fix the error the message shows and run again.",
     ),
+    "tests.weakened": RuleDoc(
+        "The PR leaves its stage a weaker test suite than it found.",
+        "The reference tests judge a PR with the base's versions of the tests it changed, "
+        "so a loosened, skipped or deleted test hides nothing in this PR; but the next PR "
+        "inherits this one's versions. The stage's catalogued mutants are run against the "
+        "suite the PR leaves (its test files plus the acceptance tests): a mutant the "
+        "base's suite kills and this one does not means a test lost its teeth.",
+        "Restore the assertion, tolerance or case the change removed, or strengthen a "
+        "test until it kills the mutant again.",
+    ),
     "device.failed": RuleDoc(
         "A test proving an invariant failed on a device.",
         "The invariant report of a device's test session shows a failing test that "

@@ -44,7 +44,7 @@ from niels_gpt_contracts.sandbox import (
 )
 from niels_gpt_contracts.sandbox.environment import Sandbox
 from niels_gpt_contracts.spec import Spec
-from niels_gpt_contracts.verdict import integrity, oracle, plan, ratchet, runtime
+from niels_gpt_contracts.verdict import integrity, oracle, plan, ratchet, runtime, weakened
 from niels_gpt_contracts.verdict.mutation import CACHE_NAME, run_mutants
 
 Say = Callable[[str], None]
@@ -296,7 +296,10 @@ def run(request: PrRequest, say: Say) -> Result:
             report = _device_counts(runs)
             result.outcomes.append(devices.device_outcome(spec, device, report, required))
         if request.mutants:
-            result.outcomes.append(run_mutants(ctx, p, w, box, request, kills, say))
+            mutants_row = run_mutants(ctx, p, w, box, request, kills, say)
+            result.outcomes.append(mutants_row)
+            row = weakened.judge(ctx, p, box, w.root, kills, mutants_row, jobs, say)
+            result.outcomes.append(row)
         else:
             why = "skipped (--skip-mutants: a device job beside a full verdict)"
             result.outcomes.append(Outcome(spec.id, "mutants", "NOT RUN", why))
