@@ -44,7 +44,7 @@ def _config(o: Oracle, i: int) -> tuple[ModelConfig, str]:
             H=h,
             L=r.randint(1, 3),
             d_ff=r.choice((c, 4 * c)),
-            dropout=r.choice((0.0, 0.0, 0.3)),
+            dropout={1: 0.0, 2: 0.3}.get(i, r.choice((0.0, 0.3))),
             rope_theta=r.choice((10000.0, 500.0, r.uniform(2.0, 1e5))),
         )
     about = (
@@ -66,7 +66,7 @@ def _loss(o: Oracle, gpt: GPT, ids: torch.Tensor, tag: str) -> dict[str, Any]:
 def _one(o: Oracle, i: int) -> None:
     cfg, about = _config(o, i)
     r = o.rng(f"config{i}/inputs")
-    b = 1 if i == 0 else r.randint(1, 3)
+    b = 1 if i == 0 else r.randint(2, 3) if i < 3 else r.randint(1, 3)
     t = cfg.T if i == 0 else r.choice([x for x in (*EDGES, r.randint(1, cfg.T)) if x <= cfg.T])
     stages = 7 * cfg.L + 2
     d = max(cfg.C, cfg.d_ff, t)

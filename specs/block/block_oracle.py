@@ -34,7 +34,7 @@ def _config(o: Oracle, i: int) -> tuple[ModelConfig, str]:
     r = o.rng(f"config{i}")
     c, h = WIDTHS[-1] if i == 0 else r.choice(WIDTHS[:-1])
     t = 1024 if i == 0 else r.choice((8, 130, 300, 600, 1024))
-    dropout = 0.1 if i == 0 else r.choice((0.0, 0.0, 0.2))
+    dropout = {0: 0.1, 1: 0.0, 2: 0.2}.get(i, r.choice((0.0, 0.2)))
     d_ff = 1536 if i == 0 else r.choice((c, 4 * c, 3 * c + 2))
     theta = 10000.0 if i == 0 else r.choice((10000.0, 500.0, r.uniform(2.0, 1e5)))
     cfg = ModelConfig(V=2, T=t, C=c, H=h, d_ff=d_ff, dropout=dropout, rope_theta=theta)
@@ -52,7 +52,7 @@ def _backward(o: Oracle, block: Block, x: torch.Tensor, tag: str) -> dict[str, A
 def _one(o: Oracle, i: int) -> None:
     cfg, about = _config(o, i)
     r = o.rng(f"config{i}/inputs")
-    b = 1 if i == 0 else r.randint(1, 3)
+    b = 1 if i == 0 else r.randint(2, 3) if i < 3 else r.randint(1, 3)
     t = cfg.T if i == 0 else r.choice([x for x in (*EDGES, r.randint(1, cfg.T)) if x <= cfg.T])
     d = max(cfg.C, cfg.d_ff, t)
     dtypes = (

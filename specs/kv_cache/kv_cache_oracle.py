@@ -74,7 +74,7 @@ def _chunks(o: Oracle, run: int) -> None:
         while p < cfg.T:
             n = min(cfg.T - p, r.choice((1, 1, 2, 3, 7, 16, 33, 64, r.randint(1, cfg.T))))
             step = f"{name}/p={p}/n={n}"
-            rules = DECODE if n == 1 and dtype == torch.float32 else ()
+            rules = DECODE if n == 1 else ()
             o.call(
                 step,
                 partial(gpt, ids[:, p : p + n]),
@@ -120,6 +120,7 @@ def _traces(o: Oracle) -> None:
                 desc=f"cached trace, one token after {p}",
                 stages=16,
                 reduction=p + 1,
+                rules=DECODE,
             )
     drop_kv_cache(gpt)
 

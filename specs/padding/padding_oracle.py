@@ -51,8 +51,12 @@ def _gpt(o: Oracle, cfg: ModelConfig, tag: str, dtype: torch.dtype, fast: bool) 
 
 
 def _pads(o: Oracle, tag: str, b: int, t: int) -> list[int]:
+    """Leading pads a row: the first row many (a third to all but one), the second none,
+    the rest drawn (none, one, all but one, any, or a row of pads only)."""
     r = o.rng(tag)
-    return [r.choice((0, 1, t - 1, r.randint(0, t - 1), r.randint(0, t))) for _ in range(b)]
+    pads = [r.randint(t // 3, t - 1), 0]
+    pads += [r.choice((0, 1, t - 1, r.randint(0, t - 1), t)) for _ in range(b - 2)]
+    return pads[:b]
 
 
 def _mask(pads: list[int], t: int) -> torch.Tensor:
@@ -69,13 +73,13 @@ def _forward(o: Oracle, i: int) -> None:
         H=2,
         L=2,
         d_ff=32,
-        dropout=r.choice((0.0, 0.2)),
+        dropout=0.2 if i in (3, 5) else 0.0,
     )
     dtype = torch.float64 if i % 2 else torch.float32
     fast = i % 3 == 2
     gpt = _gpt(o, cfg, f"forward{i}-w", dtype, fast)
-    b = r.randint(1, 4)
-    t = cfg.T if i == 0 else r.randint(1, cfg.T)
+    b = r.randint(2, 4)
+    t = cfg.T if i == 0 else r.randint(2, cfg.T)
     pads = _pads(o, f"forward{i}-pads", b, t)
     ids = o.randint(cfg.V, b, t, tag=f"forward{i}-ids")  # (B, t)
     mask = _mask(pads, t)  # (B, t)
