@@ -44,7 +44,15 @@ from niels_gpt_contracts.sandbox import (
 )
 from niels_gpt_contracts.sandbox.environment import Sandbox
 from niels_gpt_contracts.spec import Spec
-from niels_gpt_contracts.verdict import integrity, oracle, plan, ratchet, runtime, weakened
+from niels_gpt_contracts.verdict import (
+    integrity,
+    oracle,
+    plan,
+    ratchet,
+    runtime,
+    runtime_tests,
+    weakened,
+)
 from niels_gpt_contracts.verdict.mutation import CACHE_NAME, run_mutants
 
 Say = Callable[[str], None]
@@ -158,7 +166,8 @@ def _tests_on(
     at = ratchet.Where(p.stage.id, f"tests:{device}")
     targets = p.reference_targets
     say(f"reference tests on {device}: {len(targets)} files over the PR's code")
-    ref = r.on(r.w.head, targets, device, jobs=r.jobs)
+    ops = runtime_tests.request(p)  # forbidden ops recorded in the stages' own tests
+    ref = r.on(r.w.head, targets, device, jobs=r.jobs, record_ops=ops)
     base_collect = r.on(r.w.base, targets, device, collect_only=True)
     skipped = ratchet.skipped(ref)
     base_skips: list[str] = []
@@ -170,6 +179,9 @@ def _tests_on(
         ]
     collected = base_collect.collected or None
     found = ratchet.judge_reference(ref, at, base_skips=base_skips, base_collected=collected)
+    found += runtime_tests.judge(
+        p, ref, lambda ids: r.on(r.w.base, ids, device, record_ops=ops), p.stage.id, at.check
+    )
     runs = [ref]
     if p.pr_tests:
         say(f"the PR's own tests on {device}: {len(p.pr_tests)} files")
