@@ -11,11 +11,13 @@ base's code (or the spec's float64 reference).
 
 Draws are keyed by ``(seed, stage, tag)``: the head's and the base's workers
 draw the same numbers for the same tag whatever else either of them drew.
-Before each call the global torch generator is put back to torch's own
-default seed, so dropout draws the same masks on both sides (an honest
-implementation draws them in an order its shapes decide) and the process
-looks unseeded to the code under test (``torch.initial_seed()`` is torch's
-default, as in a user's fresh process).
+The global torch generator is never seeded: torch seeds it at random in
+every process, so the code under test sees what a user's fresh process
+shows (``torch.initial_seed()`` a random 64-bit number; the tests seed it,
+often to 0). Before each call it is put back to the state it had when the
+stage's driver started, so two calls that must agree under dropout (an
+invariant) draw the same masks; head and base never need the same masks
+(dropout outputs are not compared across implementations).
 """
 
 from __future__ import annotations
@@ -31,8 +33,6 @@ from typing import Any, BinaryIO
 
 import torch
 
-# torch's default seed: what torch.initial_seed() says in a process nobody seeded.
-TORCH_DEFAULT_SEED = 67280421310721
 WIDE = (torch.bfloat16, torch.float16)  # sent as float32 (exact): numpy has no bfloat16
 Ref = tuple[str, str, tuple[tuple[int, int, int], ...]]  # (call, output key, slices)
 
@@ -103,6 +103,7 @@ class Oracle:
         self._watch = dict(watch)  # runtime rule id -> also record casts
         self._index = 0
         self._name = ""
+        self._rng0 = torch.get_rng_state()  # unseeded, as torch left it
         self.labels: dict[str, str] = {}  # profiler label -> call name, watched calls only
         self.profiler: Any = None  # the worker's profiler session, when calls are watched
 
@@ -211,7 +212,7 @@ class Oracle:
             return
         self._index += 1
         self._name = name
-        torch.manual_seed(TORCH_DEFAULT_SEED)
+        torch.set_rng_state(self._rng0)  # the same dropout draws for every call
         header: dict[str, Any] = {
             "kind": "call",
             "stage": self.stage,
