@@ -55,6 +55,9 @@ FOREIGN_WRITES = [
     "def patch(m):\n    m.__class__.run = len",
     "def patch(m):\n    m.forward = len",
     "alpha_mod.__all__ += ['x']",
+    "_kinds = [alpha_mod.Thing]\n_kinds[0].run = len",
+    "_cls = getattr(alpha_mod, 'Thing')\n_cls.run = len",
+    "_table = {'t': alpha_mod.Thing}\n_table['t'].size = 3",
 ]
 
 

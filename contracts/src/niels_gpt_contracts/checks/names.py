@@ -148,14 +148,26 @@ def _foreign(tree: ast.Module) -> set[str]:
 
 
 def _rooted(node: ast.AST, names: set[str]) -> bool:
-    parts = _chain(node)
-    return bool(parts) and parts is not None and parts[0] in names
+    """``node`` is a foreign name, an attribute or item of one, ``getattr(one, "x")``,
+    or a container literal holding one."""
+    while isinstance(node, (ast.Attribute, ast.Subscript)):
+        node = node.value
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == "getattr"
+        and node.args
+    ):
+        return _rooted(node.args[0], names)
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return any(_rooted(e, names) for e in node.elts)
+    if isinstance(node, ast.Dict):
+        return any(v is not None and _rooted(v, names) for v in node.values)
+    return isinstance(node, ast.Name) and node.id in names
 
 
 def _literal_of(node: ast.AST, names: set[str]) -> bool:
-    return isinstance(node, (ast.Tuple, ast.List, ast.Set)) and any(
-        _rooted(e, names) for e in node.elts
-    )
+    return isinstance(node, (ast.Tuple, ast.List, ast.Set, ast.Dict)) and _rooted(node, names)
 
 
 def _owner_problem(target: ast.AST, foreign: set[str]) -> str | None:

@@ -89,10 +89,6 @@ DENIED_ATTRIBUTES = frozenset(
         *("f_back", "f_globals", "f_locals", "f_builtins", "f_code", "tb_frame", "tb_next"),
         *("gi_frame", "gi_code", "cr_frame", "cr_code", "ag_frame", "ag_code"),
         *("co_code", "co_consts", "co_names", "func_globals"),
-        # hooks change what other code's modules compute
-        *("register_forward_hook", "register_forward_pre_hook", "register_full_backward_hook"),
-        *("register_full_backward_pre_hook", "register_backward_hook", "register_hook"),
-        *("register_state_dict_pre_hook", "register_load_state_dict_post_hook"),
     }
 )
 # Methods whose definition changes what calling or reading an object does.
