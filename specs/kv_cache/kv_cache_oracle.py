@@ -154,6 +154,14 @@ def _generate(o: Oracle) -> None:
             reduction=cfg.T,
             rules=GENERATE,
         )
+        with torch.no_grad():  # generate hands the model back as it found it
+            o.call(
+                f"generate/{i}/after",
+                partial(gpt, prompt),
+                desc=f"the model's own forward after generate/{i}",
+                stages=16,
+                reduction=cfg.T,
+            )
 
 
 def _filters_and_bad(o: Oracle) -> None:

@@ -196,6 +196,14 @@ def _generate(o: Oracle) -> None:
             reduction=cfg.T,
             rules=rules,
         )
+        with torch.no_grad():  # the model is handed back as it was found
+            o.call(
+                f"generate/{i}/after",
+                partial(gpt, prompt),
+                desc=f"the model's own forward after generate/{i}",
+                stages=16,
+                reduction=cfg.T,
+            )
 
 
 def _rows_and_bad(o: Oracle) -> None:
