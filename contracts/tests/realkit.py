@@ -87,6 +87,8 @@ def test_attention():
     want = attn.proj((s.softmax(-1) @ v).transpose(1, 2).reshape(2, 10, 8))
     torch.testing.assert_close(y, want, rtol=1e-9, atol=1e-9)
     assert float(probs.detach().triu(1).abs().max()) == 0.0
+    with torch.no_grad():
+        torch.testing.assert_close(attn(x), want.detach(), rtol=1e-9, atol=1e-9)
 """
 MODEL = """\
 import torch
@@ -222,6 +224,7 @@ class RealRepo(Repo):
         ]  # fmt: skip
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             code = main(args)
+        assert code != 2, f"no verdict: {err.getvalue()[-3000:]}"
         payload = json.loads(out.getvalue()) if out.getvalue() else {}
         return code, payload, err.getvalue()
 
@@ -244,3 +247,12 @@ class RealRepo(Repo):
             self.git("worktree", "remove", "-f", str(tree))
         assert done.returncode == 0, done.stderr[-2000:]
         return done.stdout
+
+
+def rows(payload: dict[str, Any]) -> dict[str, str]:
+    """``check -> status`` of a JSON verdict."""
+    return {o["check"]: o["status"] for o in payload.get("outcomes", [])}
+
+
+def rules_of(payload: dict[str, Any]) -> set[str]:
+    return {v["rule"] for v in payload.get("violations", [])}
