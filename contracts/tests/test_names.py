@@ -134,3 +134,32 @@ def test_where_the_code_runs_from_is_not_readable(repo: Repo, case: str) -> None
     code, out = repo.gate_json(*PR, "--no-api")
     assert code == 1
     assert _named(out, "source.dynamic"), out["violations"]
+
+
+SWITCH = "def switch(m):\n    m.__class__ = alpha_mod.Thing\n"
+
+
+@pytest.mark.parametrize("on", [True, False], ids=["rule-on", "rule-off"])
+def test_an_in_place_class_switch_is_refused_where_the_spec_says_so(repo: Repo, on: bool) -> None:
+    """The rule kind no_class_switch: a spec switches the ban on for its stage."""
+    if on:
+        repo.git("checkout", "-q", "main")
+        spec = repo.read("specs/beta.toml")
+        rule = (
+            '\n[[rules]]\nid = "no-class-switch"\nkind = "no_class_switch"\n'
+            'message = "beta switches no object\'s class"\nfiles = ["packages/beta/src/**/*.py"]\n'
+        )
+        repo.write(
+            "specs/beta.toml", spec.replace("\n[[invariants]]", rule + "\n[[invariants]]", 1)
+        )
+        repo.commit("maintainers: ban class switches in beta")
+        repo.git("checkout", "-q", "pr")
+        repo.git("merge", "-q", "main")
+    spans = _module(repo, [SWITCH, "def also(m):\n    setattr(m, '__class__', alpha_mod.Thing)\n"])
+    code, out = repo.gate_json(*PR, "--no-api")
+    named = {v["line"] for v in out["violations"] if v["rule"] == "static.no-class-switch"}
+    if on:
+        assert code == 1
+        assert {spans[0][0] + 1, spans[1][0] + 1} <= named, out["violations"]
+    else:
+        assert code == 0, out["violations"]

@@ -139,12 +139,22 @@ def _foreign(tree: ast.Module) -> set[str]:
                 targets = list(node.targets)
             elif isinstance(node, (ast.For, ast.comprehension)) and _literal_of(node.iter, names):
                 targets = [node.target]
-            for t in targets:
-                for n in ast.walk(t):
-                    if isinstance(n, ast.Name) and n.id not in names:
-                        names.add(n.id)
+            for t in targets:  # the names bound, never those an attribute target reads
+                for n in _bound_names(t):
+                    if n not in names:
+                        names.add(n)
                         changed = True
     return names
+
+
+def _bound_names(target: ast.AST) -> list[str]:
+    if isinstance(target, ast.Name):
+        return [target.id]
+    if isinstance(target, (ast.Tuple, ast.List)):
+        return [n for e in target.elts for n in _bound_names(e)]
+    if isinstance(target, ast.Starred):
+        return _bound_names(target.value)
+    return []
 
 
 def _rooted(node: ast.AST, names: set[str]) -> bool:
