@@ -5,8 +5,8 @@ The oracle's reference worker loads this file in place of
 a PR with (the stage's first PR) and for the calls ``reference_calls`` of
 ``specs/attention.toml`` names. It is written from the spec, not from the
 implementation: one full score matrix, the causal mask as ``-inf``, softmax,
-and RoPE on interleaved channel pairs in its own formula, with the sin/cos
-tables rounded to float32 as the stage's contract keeps them. Every number is
+and RoPE on interleaved channel pairs in its own formula, on the sin/cos
+tables the contract names (``rope.rope_cache``'s float32 values). Every number is
 computed in float64 from the given inputs and parameters, whatever dtype or
 autocast region the call comes from; only the results are rounded to the
 dtypes the spec promises (``y`` in the module's or autocast's dtype, the
@@ -25,23 +25,17 @@ from typing import Any
 import torch
 from torch import nn
 
+import niels_gpt.model.rope as rope
 from niels_gpt.checks import InputError
 from niels_gpt.config import ModelConfig
 
 __all__ = ["CausalSelfAttention"]
 
 
-def _rotate(x: torch.Tensor, theta: float) -> torch.Tensor:
-    """RoPE on ``(B, H, T, D)``: pair ``(2i, 2i+1)`` at position ``p`` turns ``p theta^(-2i/D)``."""
-    t, d = x.shape[-2], x.shape[-1]
-    pos = torch.arange(t, dtype=torch.float64)  # (T,)
-    freq = theta ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)  # (D/2,)
-    angle = pos[:, None] * freq[None, :]  # (T, D/2)
+def _rotate(x: torch.Tensor, sin: torch.Tensor, cos: torch.Tensor) -> torch.Tensor:
+    """RoPE on ``(B, H, T, D)``: pair ``(2i, 2i+1)`` at position ``p`` turns by the angle
+    whose sine and cosine are ``sin[p, i]``, ``cos[p, i]`` (``(T, D/2)``)."""
     a, b = x[..., 0::2], x[..., 1::2]  # (B, H, T, D/2) each
-    # The stage's tables are float32 (the rounded exact values) until the module
-    # is converted, and converting cannot restore the lost digits: so here too.
-    cos = torch.cos(angle).float().double()  # (T, D/2)
-    sin = torch.sin(angle).float().double()  # (T, D/2)
     out = torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1)  # (B, H, T, D/2, 2)
     return out.flatten(-2)  # (B, H, T, D)
 
@@ -58,6 +52,11 @@ class CausalSelfAttention(nn.Module):
         self.proj = nn.Linear(cfg.C, cfg.C, bias=False)
         self.attn_dropout = nn.Dropout(cfg.dropout)
         self.resid_dropout = nn.Dropout(cfg.dropout)
+        # The contract's tables: rope.rope_cache's float32 values (the correctly rounded
+        # exact ones), which a converted module keeps. Taken from the rope stage, not
+        # recomputed: a float64 recomputation rounds differently at float32 boundaries.
+        sin, cos = rope.rope_cache(cfg.T, cfg.C // cfg.H, theta=cfg.rope_theta)  # (1, 1, T, D/2)
+        self._tables = (sin[0, 0].double(), cos[0, 0].double())  # (T, D/2) each, float64
 
     def _check(self, x: Any) -> None:
         w = self.qkv.weight
@@ -76,11 +75,13 @@ class CausalSelfAttention(nn.Module):
         probs_dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
         with torch.autocast("cpu", enabled=False):
             b, t, c = x.shape
+            t_len = t
             h, d = self.n_head, self.head_dim
             qkv = x.double() @ self.qkv.weight.double().T  # (B, T, 3C)
             q, k, v = (z.reshape(b, t, h, d).transpose(1, 2) for z in torch.split(qkv, c, dim=-1))
-            q = _rotate(q, self.cfg.rope_theta)  # (B, H, T, D)
-            k = _rotate(k, self.cfg.rope_theta)  # (B, H, T, D)
+            sin, cos = (table[:t_len] for table in self._tables)  # (T, D/2) each
+            q = _rotate(q, sin, cos)  # (B, H, T, D)
+            k = _rotate(k, sin, cos)  # (B, H, T, D)
             scores = q @ k.transpose(-2, -1) / math.sqrt(d)  # (B, H, T, T)
             future = torch.ones(t, t, dtype=torch.bool).triu(1)  # (T, T)
             probs = torch.softmax(scores.masked_fill(future, -math.inf), dim=-1)  # (B, H, T, T)

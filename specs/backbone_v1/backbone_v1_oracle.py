@@ -77,6 +77,7 @@ def _one(o: Oracle, i: int) -> None:
         o.load_weights(gpt, f"{name}-w")
         gpt.eval()
         layer = r.randrange(cfg.L)
+        full = b * cfg.H * t * t <= 1 << 19  # the full matrix only while it stays small
         with torch.no_grad():
             o.call(
                 f"{name}/eval",
@@ -88,12 +89,12 @@ def _one(o: Oracle, i: int) -> None:
             )
             o.call(
                 f"{name}/trace",
-                partial(gpt.forward_with_attn_trace, ids, layer, True),
-                desc=f"{desc} trace layer {layer} full",
+                partial(gpt.forward_with_attn_trace, ids, layer, full),
+                desc=f"{desc} trace layer {layer}{' full' if full else ''}",
                 stages=stages,
                 reduction=d,
                 rules=RULES,
-                relations=[o.upper_zero((f"{name}/trace", "1.attn_full", ()))],
+                relations=[o.upper_zero((f"{name}/trace", "1.attn_full", ()))] if full else (),
             )
         with torch.inference_mode():
             o.call(
