@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -31,6 +32,10 @@ import tomllib
 from gatekit import Repo
 
 from niels_gpt_contracts.cli import main
+from niels_gpt_contracts.reporters import text
+from niels_gpt_contracts.result import Outcome, Result, Violation
+
+LOG = "CONTRACTS_SCENARIO_LOG"  # a folder: each verdict's text report is written there
 
 ROOT = Path(__file__).resolve().parents[2]
 STAGES = ("core", "rope", "attention", "block", "backbone_v1", "fastpath", "kv_cache", "padding")
@@ -181,8 +186,21 @@ def _tracked() -> list[str]:
     return done.stdout.splitlines()
 
 
-def make_real_repo(root: Path) -> Repo:
-    """The scenario repository on ``main``, one commit (see the module docstring)."""
+def add_stage(repo: Repo, stage: str) -> None:
+    """Write the stage's package (sources, pyproject) from this checkout and its one test."""
+    for rel in _tracked():
+        if rel.startswith(f"packages/{stage}/") and "/tests/" not in rel and (ROOT / rel).is_file():
+            (repo.root / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(ROOT / rel, repo.root / rel)
+    spec = tomllib.loads((ROOT / "specs" / f"{stage}.toml").read_text(encoding="utf-8"))
+    repo.write(f"packages/{stage}/tests/test_{stage}.py", test_text(stage, spec))
+
+
+def make_real_repo(root: Path, present: tuple[str, ...] = STAGES) -> Repo:
+    """The scenario repository on ``main``, one commit (see the module docstring).
+
+    Stages not in ``present`` are pending: their specs landed, their packages not.
+    """
     repo = Repo(root)
     root.mkdir(parents=True)
     repo.git("init", "-q", "-b", "main")
@@ -190,7 +208,7 @@ def make_real_repo(root: Path) -> Repo:
         repo.git("config", key, value)
     repo.git("config", "commit.gpgsign", "false")
     for rel in _tracked():
-        if "/tests/" in rel or not (ROOT / rel).is_file():
+        if "/tests/" in rel or not (ROOT / rel).is_file() or rel.startswith("packages/"):
             continue
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(ROOT / rel, root / rel)
@@ -200,7 +218,8 @@ def make_real_repo(root: Path) -> Repo:
     for stage in STAGES:
         text = (ROOT / "specs" / f"{stage}.toml").read_text(encoding="utf-8")
         repo.write(f"specs/{stage}.toml", strip_mutants(text, KEEP_MUTANTS.get(stage, ())))
-        repo.write(f"packages/{stage}/tests/test_{stage}.py", test_text(stage, tomllib.loads(text)))
+        if stage in present:
+            add_stage(repo, stage)
     repo.commit("the real stages, tests cut down")
     return repo
 
@@ -226,6 +245,11 @@ class RealRepo(Repo):
             code = main(args)
         assert code != 2, f"no verdict: {err.getvalue()[-3000:]}"
         payload = json.loads(out.getvalue()) if out.getvalue() else {}
+        if os.environ.get(LOG):
+            name = os.environ.get("PYTEST_CURRENT_TEST", "verdict").split(" ")[0]
+            target = Path(os.environ[LOG]) / (re.sub(r"[^A-Za-z0-9_.-]+", "_", name) + ".txt")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text("\n".join(text_lines(payload)) + "\n", encoding="utf-8")
         return code, payload, err.getvalue()
 
     def probe(self, code: str, rev: str = "HEAD") -> str:
@@ -256,3 +280,23 @@ def rows(payload: dict[str, Any]) -> dict[str, str]:
 
 def rules_of(payload: dict[str, Any]) -> set[str]:
     return {v["rule"] for v in payload.get("violations", [])}
+
+
+def text_lines(payload: dict[str, Any]) -> list[str]:
+    """The verdict as ``--format text`` prints it, rebuilt from its JSON report."""
+    result = Result(
+        mode=payload["mode"],
+        stages=list(payload["stages"]),
+        base=payload.get("base"),
+        head=payload.get("head"),
+        merge_base=payload.get("merge_base"),
+        changed_paths=payload.get("changed_paths"),
+    )
+    for o in payload["outcomes"]:
+        found = [
+            Violation(**v)
+            for v in payload["violations"]
+            if (v["stage"], v["check"]) == (o["stage"], o["check"])
+        ]
+        result.outcomes.append(Outcome(o["stage"], o["check"], o["status"], o["summary"], found))
+    return text.lines(result)

@@ -188,7 +188,7 @@ def _train(
             stages=4,
             reduction=d,
             rules=RULES,
-            compare=keys,
+            compare=(),  # x1000 inputs: outside the bound's unit scale; invariant only
             relations=[_eq(o, f"{name}/train", f"{name}/train-future", y, 1, cut)],
         )
     if b > 1:

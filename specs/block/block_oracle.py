@@ -112,7 +112,7 @@ def _one(o: Oracle, i: int) -> None:
                 stages=STAGES,
                 reduction=d,
                 rules=RULES,
-                compare=keys,
+                compare=(),  # x1000 inputs: outside the bound's unit scale; invariant only
                 relations=[same],
             )
         if cfg.dropout == 0.0:
