@@ -56,3 +56,25 @@ def test_a_docstring_edit_of_padding_is_kept(real_repo: RealRepo) -> None:
     )
     real_repo.pr("padding")
     _kept(real_repo)
+
+
+def test_a_stages_first_pr_is_judged_against_the_float64_reference(
+    first_pr_repo: RealRepo,
+) -> None:
+    """No base code to compare with: the spec's float64 reference stands in."""
+    first_pr_repo.pr("attention", "the attention stage")
+    code, out, err = first_pr_repo.verdict("--skip-mutants")
+    assert code == 0, (out.get("violations"), err[-3000:])
+    assert rows(out)["oracle:cpu"] == "KEPT"
+    assert "reference" in err  # the reference worker ran
+
+
+def test_a_first_pr_that_leaks_differs_from_the_reference(first_pr_repo: RealRepo) -> None:
+    first_pr_repo.replace(
+        ATTN, "self.mask[:, :, r0:r1, :r1]", "self.mask[:, :, r0 + 1 : r1 + 1, :r1]"
+    )
+    first_pr_repo.pr("attention", "the attention stage")
+    code, out, _ = first_pr_repo.verdict("--skip-mutants")
+    assert code == 1
+    differs = [v for v in out["violations"] if v["rule"] == "oracle.differs"]
+    assert differs and "float64 reference" in differs[0]["message"], out["violations"]
