@@ -28,6 +28,7 @@ from niels_gpt_experiments.batches import Layout, read_rows, train_offsets
 from niels_gpt_experiments.config import AUTOCAST_DTYPES, RUN_DEFINING, TrainConfig
 from niels_gpt_experiments.corpus import Corpus, open_corpus
 from niels_gpt_experiments.evaluation import evaluate, next_token_loss, show_samples
+from niels_gpt_experiments.loading import model_record
 from niels_gpt_experiments.models import build_model, n_params
 from niels_gpt_experiments.parallel import Mode, check_tied, choose_mode, gradient_sync, wrap
 from niels_gpt_experiments.progress import Display, MetricsLog
@@ -227,7 +228,12 @@ def _train(cfg: TrainConfig, runtime: Runtime, keep_state: bool) -> TrainResult:
     )
     if runtime.is_main:
         cfg.out_dir.mkdir(parents=True, exist_ok=True)
-        meta = {"config": cfg.as_json(), "corpus": corpus.meta, "params": result.n_params}
+        meta = {
+            **model_record(cfg.model, cfg.model_config()),
+            "config": cfg.as_json(),
+            "corpus": corpus.meta,
+            "params": result.n_params,
+        }
         (cfg.out_dir / "run.json").write_text(json.dumps(meta, indent=2) + "\n")
 
     with display.running(first):
