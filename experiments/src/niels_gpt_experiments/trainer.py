@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shutil
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -25,7 +26,12 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 
 from niels_gpt_experiments import checkpoint
 from niels_gpt_experiments.batches import Layout, read_rows, train_offsets
-from niels_gpt_experiments.config import AUTOCAST_DTYPES, RUN_DEFINING, TrainConfig
+from niels_gpt_experiments.config import (
+    AUTOCAST_DTYPES,
+    RUN_DEFINING,
+    TrainConfig,
+    default_warmup,
+)
 from niels_gpt_experiments.corpus import Corpus, open_corpus
 from niels_gpt_experiments.evaluation import evaluate, next_token_loss, show_samples
 from niels_gpt_experiments.loading import model_record
@@ -37,7 +43,7 @@ from niels_gpt_experiments.runtime import start as start_runtime
 from niels_gpt_experiments.runtime import stop as stop_runtime
 from niels_gpt_experiments.schedule import make_scheduler
 
-__all__ = ["TrainResult", "accumulate_gradients", "train"]
+__all__ = ["RunExistsError", "TrainResult", "accumulate_gradients", "claim_out_dir", "train"]
 
 
 @dataclass
@@ -110,8 +116,17 @@ def _restore_rng(
         torch.cuda.set_rng_state(cuda, runtime.device)
 
 
+def _effective(settings: dict[str, Any]) -> dict[str, Any]:
+    """Settings as the run used them: an unset warm-up is the default it got."""
+    warmup = settings.get("warmup")
+    steps = settings.get("steps")
+    if warmup is None and isinstance(steps, int):
+        return {**settings, "warmup": default_warmup(steps)}
+    return settings
+
+
 def _check_same_run(saved_json: str, cfg: TrainConfig) -> None:
-    saved, now = json.loads(saved_json), cfg.as_json()
+    saved, now = _effective(json.loads(saved_json)), _effective(cfg.as_json())
     changed = [
         f"{k} {saved.get(k)!r} -> {now[k]!r}" for k in RUN_DEFINING if saved.get(k) != now[k]
     ]
@@ -130,6 +145,40 @@ def _open_corpus(cfg: TrainConfig, runtime: Runtime) -> Corpus:
     return corpus
 
 
+# What a run writes under --out; --overwrite removes exactly these.
+RUN_FILES = ("run.json", "metrics.jsonl", "checkpoints")
+
+
+class RunExistsError(checkpoint.CheckpointError):
+    """``--out`` already holds a run, and neither ``--resume`` nor ``--overwrite`` was given."""
+
+
+def claim_out_dir(cfg: TrainConfig, main: bool) -> None:
+    """Refuse an ``out_dir`` that holds a run, unless resuming; with ``overwrite``, empty it.
+
+    Only the run's own files (``RUN_FILES``) count and are removed; anything
+    else in the folder is left alone. Rank 0 (``main``) removes them.
+
+    Raises:
+        RunExistsError: a run is there and ``cfg`` neither resumes nor overwrites.
+    """
+    present = [name for name in RUN_FILES if (cfg.out_dir / name).exists()]
+    if not present or cfg.resume:
+        return
+    if not cfg.overwrite:
+        raise RunExistsError(
+            f"--out {cfg.out_dir} already holds a run ({', '.join(present)}): pass --resume "
+            "to continue it, --overwrite to replace it, or another --out"
+        )
+    if main:
+        for name in present:
+            path = cfg.out_dir / name
+            if path.is_dir():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+
+
 def train(cfg: TrainConfig, *, keep_state: bool = False) -> TrainResult:
     """Run (or resume) the training ``cfg`` describes; see the module docstring.
 
@@ -139,6 +188,7 @@ def train(cfg: TrainConfig, *, keep_state: bool = False) -> TrainResult:
     Raises:
         ValueError, CorpusError: bad settings or corpus.
         CheckpointError: ``--resume`` onto a checkpoint of different settings.
+        RunExistsError: ``out_dir`` holds a run, and ``cfg`` neither resumes nor overwrites.
         TiedWeightError: the embedding/head tie broke (never expected).
     """
     runtime = start_runtime(cfg.device, need_group=cfg.fsdp)
@@ -182,6 +232,7 @@ def accumulate_gradients(
 
 
 def _train(cfg: TrainConfig, runtime: Runtime, keep_state: bool) -> TrainResult:
+    claim_out_dir(cfg, runtime.is_main)  # before any collective: every rank decides alike
     device = runtime.device
     layout = Layout(cfg.batch_size, runtime.world, runtime.rank, cfg.grad_accum)
     corpus = _open_corpus(cfg, runtime)
@@ -195,7 +246,7 @@ def _train(cfg: TrainConfig, runtime: Runtime, keep_state: bool) -> TrainResult:
     mode = choose_mode(cfg.fsdp, runtime.world)
     engine = wrap(model, mode, runtime)
     optimizer = _optimizer(model, cfg)
-    scheduler = make_scheduler(optimizer, cfg.warmup, cfg.steps, cfg.min_lr_ratio)
+    scheduler = make_scheduler(optimizer, cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio)
     scaler = torch.amp.GradScaler(device.type, enabled=cfg.precision == "fp16")
     display = Display(runtime.is_main, cfg.steps, bar=cfg.progress)
 
