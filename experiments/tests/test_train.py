@@ -13,10 +13,9 @@ import pytest
 import torch
 
 from niels_gpt_experiments import checkpoint
-from niels_gpt_experiments import trainer as trainer_module
 from niels_gpt_experiments.batches import Layout, train_offsets
 from niels_gpt_experiments.cli import build_parser, config_from_args, train_main
-from niels_gpt_experiments.config import QUICK, TrainConfig
+from niels_gpt_experiments.config import QUICK, TrainConfig, check_same_run
 from niels_gpt_experiments.corpus import CorpusSpec, open_corpus
 from niels_gpt_experiments.models import build_model
 from niels_gpt_experiments.trainer import accumulate_gradients, train
@@ -175,9 +174,9 @@ def test_resume_compares_the_warmup_the_run_used(tiny: Tiny) -> None:
     # an unset warm-up now means the same 100 steps, so it is the same run.
     cfg = tiny(steps=2000, warmup=None)
     saved = {**cfg.as_json(), "warmup": 100}
-    trainer_module._check_same_run(json.dumps(saved), cfg)
+    check_same_run(json.dumps(saved), cfg)
     with pytest.raises(checkpoint.CheckpointError, match=r"warmup 50 -> 100"):
-        trainer_module._check_same_run(json.dumps({**saved, "warmup": 50}), cfg)
+        check_same_run(json.dumps({**saved, "warmup": 50}), cfg)
 
 
 def test_help_shows_every_default(capsys: pytest.CaptureFixture[str]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -10,10 +11,19 @@ from typing import Any, Literal
 import torch
 
 from niels_gpt.config import ModelConfig
+from niels_gpt_experiments.checkpoint import CheckpointError
 from niels_gpt_experiments.corpus import CorpusSpec
 from niels_gpt_experiments.models import ModelKind, matched_v0_d_ff
 
-__all__ = ["AUTOCAST_DTYPES", "QUICK", "Precision", "TrainConfig", "default_warmup", "quick"]
+__all__ = [
+    "AUTOCAST_DTYPES",
+    "QUICK",
+    "Precision",
+    "TrainConfig",
+    "check_same_run",
+    "default_warmup",
+    "quick",
+]
 
 V = 256  # byte-level: one token per byte
 
@@ -220,3 +230,28 @@ QUICK: dict[str, Any] = {
 def quick(cfg: TrainConfig) -> TrainConfig:
     """``cfg`` shrunk to a run of seconds (what ``--quick`` does)."""
     return dataclasses.replace(cfg, **QUICK)
+
+
+def _effective(settings: dict[str, Any]) -> dict[str, Any]:
+    """Settings as the run used them: an unset warm-up is the default it got."""
+    warmup = settings.get("warmup")
+    steps = settings.get("steps")
+    if warmup is None and isinstance(steps, int):
+        return {**settings, "warmup": default_warmup(steps)}
+    return settings
+
+
+def check_same_run(saved_json: str, cfg: TrainConfig) -> None:
+    """Refuse to resume a checkpoint whose run-defining settings differ from ``cfg``'s.
+
+    Raises:
+        CheckpointError: the settings that changed, each ``name old -> new``.
+    """
+    saved, now = _effective(json.loads(saved_json)), _effective(cfg.as_json())
+    changed = [
+        f"{k} {saved.get(k)!r} -> {now[k]!r}" for k in RUN_DEFINING if saved.get(k) != now[k]
+    ]
+    if changed:
+        raise CheckpointError(
+            "--resume needs the checkpoint's own settings; changed: " + "; ".join(changed)
+        )

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import shutil
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -26,24 +25,20 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 
 from niels_gpt_experiments import checkpoint
 from niels_gpt_experiments.batches import Layout, read_rows, train_offsets
-from niels_gpt_experiments.config import (
-    AUTOCAST_DTYPES,
-    RUN_DEFINING,
-    TrainConfig,
-    default_warmup,
-)
+from niels_gpt_experiments.config import AUTOCAST_DTYPES, TrainConfig, check_same_run
 from niels_gpt_experiments.corpus import Corpus, open_corpus
 from niels_gpt_experiments.evaluation import evaluate, next_token_loss, show_samples
 from niels_gpt_experiments.loading import model_record
 from niels_gpt_experiments.models import build_model, n_params
 from niels_gpt_experiments.parallel import Mode, check_tied, choose_mode, gradient_sync, wrap
 from niels_gpt_experiments.progress import Display, MetricsLog
+from niels_gpt_experiments.rundir import RunExistsError, claim_out_dir
 from niels_gpt_experiments.runtime import Runtime, all_gather_objects, all_reduce_sum, barrier
 from niels_gpt_experiments.runtime import start as start_runtime
 from niels_gpt_experiments.runtime import stop as stop_runtime
 from niels_gpt_experiments.schedule import make_scheduler
 
-__all__ = ["RunExistsError", "TrainResult", "accumulate_gradients", "claim_out_dir", "train"]
+__all__ = ["RunExistsError", "TrainResult", "accumulate_gradients", "train"]
 
 
 @dataclass
@@ -116,26 +111,6 @@ def _restore_rng(
         torch.cuda.set_rng_state(cuda, runtime.device)
 
 
-def _effective(settings: dict[str, Any]) -> dict[str, Any]:
-    """Settings as the run used them: an unset warm-up is the default it got."""
-    warmup = settings.get("warmup")
-    steps = settings.get("steps")
-    if warmup is None and isinstance(steps, int):
-        return {**settings, "warmup": default_warmup(steps)}
-    return settings
-
-
-def _check_same_run(saved_json: str, cfg: TrainConfig) -> None:
-    saved, now = _effective(json.loads(saved_json)), _effective(cfg.as_json())
-    changed = [
-        f"{k} {saved.get(k)!r} -> {now[k]!r}" for k in RUN_DEFINING if saved.get(k) != now[k]
-    ]
-    if changed:
-        raise checkpoint.CheckpointError(
-            "--resume needs the checkpoint's own settings; changed: " + "; ".join(changed)
-        )
-
-
 def _open_corpus(cfg: TrainConfig, runtime: Runtime) -> Corpus:
     if runtime.is_main:  # rank 0 builds the arrays once; the others map them
         corpus = open_corpus(cfg.corpus_spec(), cfg.data_dir)
@@ -143,40 +118,6 @@ def _open_corpus(cfg: TrainConfig, runtime: Runtime) -> Corpus:
     if not runtime.is_main:
         corpus = open_corpus(cfg.corpus_spec(), cfg.data_dir)
     return corpus
-
-
-# What a run writes under --out; --overwrite removes exactly these.
-RUN_FILES = ("run.json", "metrics.jsonl", "checkpoints")
-
-
-class RunExistsError(checkpoint.CheckpointError):
-    """``--out`` already holds a run, and neither ``--resume`` nor ``--overwrite`` was given."""
-
-
-def claim_out_dir(cfg: TrainConfig, main: bool) -> None:
-    """Refuse an ``out_dir`` that holds a run, unless resuming; with ``overwrite``, empty it.
-
-    Only the run's own files (``RUN_FILES``) count and are removed; anything
-    else in the folder is left alone. Rank 0 (``main``) removes them.
-
-    Raises:
-        RunExistsError: a run is there and ``cfg`` neither resumes nor overwrites.
-    """
-    present = [name for name in RUN_FILES if (cfg.out_dir / name).exists()]
-    if not present or cfg.resume:
-        return
-    if not cfg.overwrite:
-        raise RunExistsError(
-            f"--out {cfg.out_dir} already holds a run ({', '.join(present)}): pass --resume "
-            "to continue it, --overwrite to replace it, or another --out"
-        )
-    if main:
-        for name in present:
-            path = cfg.out_dir / name
-            if path.is_dir():
-                shutil.rmtree(path)
-            else:
-                path.unlink()
 
 
 def train(cfg: TrainConfig, *, keep_state: bool = False) -> TrainResult:
@@ -253,7 +194,7 @@ def _train(cfg: TrainConfig, runtime: Runtime, keep_state: bool) -> TrainResult:
     found = checkpoint.latest(cfg.out_dir) if cfg.resume else None
     if found is not None:
         state = checkpoint.load(found, model, optimizer, runtime)
-        _check_same_run(state["config"], cfg)
+        check_same_run(state["config"], cfg)
         scheduler.load_state_dict(state["scheduler"])
         scaler.load_state_dict(state["scaler"])
         first = int(state["step"])
