@@ -68,8 +68,12 @@ def study_config(kind: str, seed: int, out: Path, quick: bool, **extra: Any) -> 
     settings = {**(QUICK_STUDY if quick else STUDY), **extra}
     # Each study run is the study's own scratch: a second niels-ablate replaces it.
     return TrainConfig(
-        model=kind, seed=seed, out_dir=out / f"{kind}-seed{seed}", overwrite=True, **settings
-    )  # type: ignore[arg-type]
+        model=kind,  # type: ignore[arg-type]
+        seed=seed,
+        out_dir=out / f"{kind}-seed{seed}",
+        overwrite=True,
+        **settings,
+    )
 
 
 def _rss_now() -> int:
