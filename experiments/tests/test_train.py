@@ -6,6 +6,8 @@ import contextlib
 import dataclasses
 import json
 import math
+import re
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -13,12 +15,14 @@ import pytest
 import torch
 
 from niels_gpt_experiments import checkpoint
+from niels_gpt_experiments import trainer as trainer_module
 from niels_gpt_experiments.batches import Layout, train_offsets
 from niels_gpt_experiments.cli import build_parser, config_from_args, train_main
 from niels_gpt_experiments.config import QUICK, TrainConfig, check_same_run
 from niels_gpt_experiments.corpus import CorpusSpec, open_corpus
 from niels_gpt_experiments.models import build_model
-from niels_gpt_experiments.trainer import accumulate_gradients, train
+from niels_gpt_experiments.progress import rate_text
+from niels_gpt_experiments.trainer import TrainResult, accumulate_gradients, train
 
 Tiny = Callable[..., TrainConfig]
 
@@ -226,3 +230,42 @@ def test_a_second_run_into_the_same_out_is_refused_unless_asked(
     assert sorted(p.name for p in (out / "checkpoints").glob("step-*")) == ["step-0000002"]
     assert (out / "notes.txt").read_text() == "mine"  # only the run's own files went
     assert train_main([*base, "--steps", "2", "--eval-every", "2", "--resume"]) == 0
+
+
+def test_the_bar_the_closing_line_and_the_log_show_the_run_average(
+    corpus_dir: Path,
+    data_dir: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("COLUMNS", "200")  # the whole bar on one line
+    results: list[TrainResult] = []
+
+    def keep(cfg: TrainConfig) -> TrainResult:
+        results.append(train(cfg))
+        return results[-1]
+
+    monkeypatch.setattr(trainer_module, "train", keep)
+    out = tmp_path / "run"
+    start = time.perf_counter()
+    code = train_main(
+        ["--quick", "--steps", "6", "--eval-every", "3", "--corpus", str(corpus_dir),
+         "--data-dir", str(data_dir), "--out", str(out), "--device", "cpu"]
+    )  # fmt: skip
+    wall = time.perf_counter() - start
+    assert code == 0
+    (result,) = results
+    # The definition: this run's tokens over its wall time, evaluations and checkpoints in.
+    tokens = 6 * result.config.tokens_per_step
+    assert result.tokens_per_s == tokens / result.seconds
+    assert sum(result.step_seconds) < result.seconds < wall
+    text = capsys.readouterr().out
+    bar = re.findall(r"step 6/6 .*loss \S+ ([\d,]+ tokens/s)", text)
+    closing = re.findall(
+        r"done: step 6, val loss \S+, ([\d,]+ tokens/s) \(the run's average\)", text
+    )
+    assert bar and closing, text
+    assert bar[-1] == closing[0] == rate_text(result.tokens_per_s)
+    steps = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["tokens_per_s"] for r in steps if "loss" in r][-1] == result.tokens_per_s

@@ -179,6 +179,7 @@ def train_main(argv: Sequence[str] | None = None) -> int:
     except ValueError as err:
         parser.error(str(err))
     from niels_gpt.device import DeviceUnavailableError, resolve_device  # torch loads here
+    from niels_gpt_experiments.progress import rate_text
     from niels_gpt_experiments.trainer import RunExistsError, train
 
     try:
@@ -196,7 +197,8 @@ def train_main(argv: Sequence[str] | None = None) -> int:
         return 1
     if result.val_losses and result.rank == 0:
         step, val = max(result.val_losses.items())
-        print(f"done: step {step}, val loss {val:.4f}, {result.tokens_per_s:,.0f} tokens/s")
+        rate = rate_text(result.tokens_per_s)  # the bar's last figure: one definition
+        print(f"done: step {step}, val loss {val:.4f}, {rate} (the run's average)")
     return 0
 
 

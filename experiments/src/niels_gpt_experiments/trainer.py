@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,17 +52,25 @@ class TrainResult:
     first_step: int  # 0, or the checkpoint step this run resumed from
     losses: dict[int, float] = field(default_factory=dict)  # step -> train loss
     val_losses: dict[int, float] = field(default_factory=dict)  # step -> validation loss
-    step_seconds: list[float] = field(default_factory=list)
+    step_seconds: list[float] = field(default_factory=list)  # each step's own compute
+    seconds: float = 0.0  # wall time from this run's first step to the end of its last
     corpus_meta: dict[str, Any] = field(default_factory=dict)
     final_state: dict[str, torch.Tensor] | None = None  # full weights, with keep_state
 
     @property
     def tokens_per_s(self) -> float:
-        """Median training throughput over this run's steps, the first two excluded."""
-        timed = self.step_seconds[2:] or self.step_seconds
-        if not timed:
+        """The run's throughput, the one figure niels-train and niels-ablate show.
+
+        Tokens this run trained (its steps times ``tokens_per_step``) over the
+        wall time from the start of its first step to the end of its last,
+        evaluations, samples and checkpoints included: the rate at which the
+        run gets through its tokens. The progress bar shows it so far, each
+        ``metrics.jsonl`` step line records it so far, the closing line and
+        ``niels-ablate`` the final value. NaN before the first step.
+        """
+        if not self.losses or self.seconds <= 0:
             return float("nan")
-        return self.config.tokens_per_step / statistics.median(timed)
+        return len(self.losses) * self.config.tokens_per_step / self.seconds
 
 
 def _autocast(cfg: TrainConfig, device: torch.device) -> contextlib.AbstractContextManager[object]:
@@ -228,6 +235,7 @@ def _train(cfg: TrainConfig, runtime: Runtime, keep_state: bool) -> TrainResult:
         }
         (cfg.out_dir / "run.json").write_text(json.dumps(meta, indent=2) + "\n")
 
+    started = time.perf_counter()  # result.seconds counts from here
     with display.running(first):
         for step in range(first, last):
             t0 = time.perf_counter()
@@ -248,14 +256,6 @@ def _train(cfg: TrainConfig, runtime: Runtime, keep_state: bool) -> TrainResult:
             done = step + 1
             result.losses[done] = mean_loss
             result.step_seconds.append(seconds)
-            display.step(done, mean_loss, cfg.tokens_per_step / seconds)
-            log.write(
-                step=done,
-                loss=mean_loss,
-                lr=lr,
-                tokens=done * cfg.tokens_per_step,
-                tokens_per_s=cfg.tokens_per_step / seconds,
-            )
 
             due = done % cfg.eval_every == 0 or done == cfg.steps
             if due:
@@ -276,6 +276,16 @@ def _train(cfg: TrainConfig, runtime: Runtime, keep_state: bool) -> TrainResult:
                 checkpoint.save(
                     cfg.out_dir, done, model, optimizer, saved, runtime, cfg.keep_checkpoints
                 )
+            result.seconds = time.perf_counter() - started  # this step's eval and save included
+            display.step(done, mean_loss, result.tokens_per_s)
+            log.write(
+                step=done,
+                loss=mean_loss,
+                lr=lr,
+                tokens=done * cfg.tokens_per_step,
+                tokens_per_s=result.tokens_per_s,
+                step_seconds=seconds,
+            )
     check_tied(model)
     if keep_state:
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
