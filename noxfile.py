@@ -94,7 +94,12 @@ def dev_env(session: nox.Session) -> dict[str, str]:
     stamp = DEV_ENV / "niels-gpt-fingerprint"
     wanted = _fingerprint()
     if not (stamp.is_file() and stamp.read_text() == wanted):
-        session.log(f"building the shared dev environment in {DEV_ENV}")
+        # Not --quiet: pip's "Collecting ..." lines are the progress of a build
+        # that takes one to two minutes (torch is most of it).
+        session.log(
+            f"building the shared dev environment in {DEV_ENV}: torch, the stages and "
+            f"{len(DEV_TOOLS)} tools, about 1-2 minutes; pip's progress follows"
+        )
         session.run(sys.executable, "-m", "venv", "--clear", str(DEV_ENV), external=True)
         editables = [arg for p in (*PACKAGES, CONTRACTS) for arg in ("-e", str(p))]
         session.run(
@@ -102,7 +107,8 @@ def dev_env(session: nox.Session) -> dict[str, str]:
             "-m",
             "pip",
             "install",
-            "--quiet",
+            "--progress-bar",
+            "off",
             "-c",
             str(CONSTRAINTS),
             *editables,
