@@ -232,6 +232,7 @@ def device_tests(session: nox.Session, kind: str) -> None:
         f"--device={kind}",
         "--numprocesses=auto",
         f"--invariant-report={REPORTS / f'invariants-{kind}.json'}",
+        "--invariant-report-merge",  # a narrowed run (-k rope) adds to the report
         *(README_EXAMPLES if kind == "cpu" else ()),
         *session.posargs,
     )
