@@ -348,10 +348,11 @@ def pr_verdict(session: nox.Session) -> None:
 
 @nox.session(venv_backend="none")
 def bench(session: nox.Session) -> None:
-    """Side-by-side benchmarks: ``-- --device cuda``, ``--quick``, ``--no-compile``.
+    """Side-by-side benchmarks: ``-- --device cuda``, ``--quick``, ``--no-compile``, ``--write``.
 
-    Prints every figure beside its reference and writes benchmarks/results/
-    (JSON, table, tokens/s plot) and the README's bench section.
+    Prints every figure beside its reference, with a progress line per step;
+    writes benchmarks/results/ (JSON, table, tokens/s plot) and the README's
+    bench section only with ``-- --write``.
     """
     args = list(session.posargs)
     if not any(a == "--device" or a.startswith("--device=") for a in args):
@@ -402,7 +403,10 @@ def test_readmes(session: nox.Session) -> None:
     Builds the wheels, then runs ``tests/test_readmes.py`` from the shared dev
     environment: a fresh venv a README section (torch seeded, see
     ``tests/readme_env.py``), the section's ``pip install`` line against those
-    wheels, its Python blocks in order. Posargs go to pytest.
+    wheels, its Python blocks in order. The same ``tests/`` folder checks the
+    docs' other promises in seconds: versions that agree with the packaging
+    files, and a ``bench --quick`` that writes nothing tracked with sane
+    figures. Posargs go to pytest.
     """
     wheels = build_wheels(session, Path(session.create_tmp()) / "wheels")
     env = {**dev_env(session), "NIELS_GPT_WHEELS": str(wheels)}
