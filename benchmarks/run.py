@@ -29,7 +29,7 @@ from benchmarks import decode, progress, report, rope_autocast, train
 from benchmarks import experiments as downstream
 from benchmarks import reference as ref
 from benchmarks.progress import note, section
-from benchmarks.timing import measure, sync
+from benchmarks.timing import matmul, measure, sync
 from niels_gpt.config import ModelConfig
 from niels_gpt.model.attention import CausalSelfAttention
 from niels_gpt.model.rope import apply_rope, rope_cache
@@ -61,7 +61,7 @@ def matmul_peak(device: torch.device, rounds: int, quick: bool = False) -> float
     for n in sizes[:1] if quick else sizes:
         a = torch.randn(n, n, device=device)
         b = torch.randn(n, n, device=device)
-        stat = measure({"mm": lambda a=a, b=b: a @ b}, device, rounds=rounds)["mm"]
+        stat = measure({"mm": matmul(a, b)}, device, rounds=rounds)["mm"]
         best = max(best, 2.0 * n**3 / stat.median)
     return best
 
@@ -162,7 +162,7 @@ def bench_train(device: torch.device, rounds: int, quick: bool) -> list[dict[str
         stats = measure(
             {
                 **steps,
-                "matmul": lambda a=a, b=b: a @ b,
+                "matmul": matmul(a, b),
                 "matmul bf16": train.autocast_matmul(a, b, device, linear=False),
                 "matmul bf16 linear": train.autocast_matmul(a, b, device, linear=True),
             },

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor) -> Callable[[], torch.Tensor]:
+    """``a @ b`` as a candidate for ``measure`` (the float32 matmul peak)."""
+    return lambda: a @ b
 
 
 def sync(device: torch.device) -> None:
@@ -35,7 +40,7 @@ class Stat:
 
 
 def measure(
-    fns: dict[str, Callable[[], object]],
+    fns: Mapping[str, Callable[[], object]],
     device: torch.device,
     *,
     rounds: int,

@@ -78,7 +78,7 @@ def make_step(
         with torch.autocast(device.type, dtype=autocast or AUTOCAST, enabled=autocast is not None):
             logits = model(x)  # (B, t, V)
         loss = F.cross_entropy(logits.float().reshape(-1, cfg.V), y.reshape(-1))
-        loss.backward()
+        torch.autograd.backward(loss)
         opt.step()
 
     return (step, opt) if return_optimizer else step
@@ -139,7 +139,7 @@ def peak_memory(
             sync(device)
         events = sorted(
             (e.start_ns(), e.nbytes())
-            for e in prof.profiler.kineto_results.events()  # type: ignore[union-attr]
+            for e in prof.profiler.kineto_results.events()
             if e.name() == "[memory]"
         )
         live = growth = 0

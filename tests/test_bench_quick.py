@@ -38,7 +38,7 @@ def _tracked_state() -> tuple[str, dict[str, bytes]]:
 
 @pytest.fixture
 def recorded(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
-    res = copy.deepcopy(RECORDED)
+    res: dict[str, Any] = copy.deepcopy(RECORDED)
     monkeypatch.setattr(run, "collect", lambda device, quick, compile: copy.deepcopy(res))
     return res
 
