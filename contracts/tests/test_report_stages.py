@@ -49,6 +49,25 @@ def test_an_edit_changes_its_stage_and_its_dependants_only(repo: Repo) -> None:
     assert all(shared[s] != root[s] for s in shared)
 
 
+def test_a_stage_whose_tests_import_another_depends_on_it(repo: Repo) -> None:
+    # alpha's package does not depend on beta, but a test of alpha runs beta's code
+    # (as kv_cache's tests run the fast path); with beta -> alpha that is a cycle.
+    before = fingerprint.stage_keys(repo.root)
+    repo.replace(BETA_MOD, "def use(", "# a comment\ndef use(")
+    assert fingerprint.stage_keys(repo.root)["alpha"] == before["alpha"]
+    repo.write(
+        "packages/alpha/tests/test_with_beta.py",
+        'import importlib\n\nbeta = importlib.import_module("ngx.beta_mod")\n',
+    )
+    with_import = fingerprint.stage_keys(repo.root)
+    repo.replace(BETA_MOD, "# a comment\n", "# another comment\n")
+    after = fingerprint.stage_keys(repo.root)
+    assert after["alpha"] != with_import["alpha"] and after["beta"] != with_import["beta"]
+    repo.replace(ALPHA_MOD, "def rotate(", "# a comment\ndef rotate(")
+    last = fingerprint.stage_keys(repo.root)
+    assert last["alpha"] != after["alpha"] and last["beta"] != after["beta"]
+
+
 def test_an_acceptance_test_belongs_to_its_stage(repo: Repo) -> None:
     before = fingerprint.stage_keys(repo.root)
     repo.write("specs/alpha/tests/test_accept.py", "def test_a():\n    pass\n")

@@ -10,16 +10,19 @@ gate recomputes it, and a report from another tree is stale.
 The hash it returns (a ``Fingerprint``, a ``str``) also carries one **key per
 stage**: the stage's own files (``packages/<stage>/src``, ``tests``, its
 ``pyproject.toml`` and ``specs/<stage>/tests``), the shared root files, and
-the keys of the stages its package depends on (read from the packages'
-``pyproject.toml``). An edit changes the key of its stage and of the stages
-that depend on it, no other: a comment in a leaf stage leaves rope's tests
-fresh. ``owner(nodeid)`` names the stage a test belongs to.
+the own files of every stage it reaches through its package's dependencies
+(the packages' ``pyproject.toml``) and through the modules its tests import
+(kv_cache's tests run the fast path, which its package does not declare).
+An edit changes the key of its stage and of the stages that reach it, no
+other: a comment in a leaf stage leaves rope's tests fresh.
+``owner(nodeid)`` names the stage a test belongs to.
 
 Imports nothing from the checker: the plugin and the gate both use it.
 """
 
 from __future__ import annotations
 
+import ast
 import hashlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -102,40 +105,76 @@ def _requirement_name(text: str) -> str:
     return _canonical(text[:end])
 
 
+def _module_of(rel: tuple[str, ...]) -> str | None:
+    """``packages/<s>/src/a/b.py`` -> ``a.b``; anything else -> ``None``."""
+    if len(rel) > 3 and rel[0] == "packages" and rel[2] == "src" and rel[-1].endswith(".py"):
+        return ".".join((*rel[3:-1], rel[-1].removesuffix(".py")))
+    return None
+
+
+def _imported(data: bytes) -> set[str]:
+    """Module names a test file imports or names in a string (``import_module("x.y")``)."""
+    try:
+        parsed = ast.parse(data)
+    except (SyntaxError, ValueError):
+        return set()  # its bytes still count in its stage's own key
+    found: set[str] = set()
+    for node in ast.walk(parsed):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            found.add(node.value)
+    return found
+
+
+def _closure(stage: str, edges: dict[str, set[str]]) -> set[str]:
+    seen, todo = {stage}, [stage]
+    while todo:
+        for nxt in edges.get(todo.pop(), set()) - seen:
+            seen.add(nxt)
+            todo.append(nxt)
+    return seen
+
+
 def _hash(root: Path) -> tuple[str, dict[str, str]]:
     digest = hashlib.sha256()
     own: dict[str, hashlib._Hash] = {}
     shared = hashlib.sha256()
+    modules: dict[str, str] = {}  # module name -> the stage whose src holds it
+    imports: dict[str, set[str]] = {}  # stage -> modules its tests import
     for path in _files(root):
         rel = path.relative_to(root).parts
         data = path.read_bytes()
         name = path.relative_to(root).as_posix().encode("utf-8", "surrogateescape")
-        for sink in (digest, own.setdefault(_stage_of_file(rel) or "", hashlib.sha256())):
+        stage = _stage_of_file(rel)
+        for sink in (digest, own.setdefault(stage or "", hashlib.sha256())):
             sink.update(name + b"\0" + data + b"\0")
         if len(rel) == 1 and rel[0] in ROOT_FILES:
             shared.update(name + b"\0" + data + b"\0")
+        if (module := _module_of(rel)) is not None and stage is not None:
+            modules[module] = stage
+        if stage is not None and "tests" in rel[2:3] and path.suffix == ".py":
+            imports.setdefault(stage, set()).update(_imported(data))
     for path in sorted(root.glob("packages/*/pyproject.toml")):  # not in the tree hash
         own.setdefault(path.parent.name, hashlib.sha256()).update(
             b"pyproject\0" + path.read_bytes()
         )
-    deps = _dependencies(root)
-    keys: dict[str, str] = {}
-
-    def key(stage: str, seen: tuple[str, ...]) -> str:
-        if stage in keys:
-            return keys[stage]
-        h = hashlib.sha256(f"stage {stage}\0".encode())
-        h.update(own.get(stage, hashlib.sha256()).digest() + shared.digest())
-        for dep in deps.get(stage, []):
-            if dep not in seen:  # a cycle adds nothing more
-                h.update(f"{dep}\0{key(dep, (*seen, stage))}\0".encode())
-        keys[stage] = h.hexdigest()
-        return keys[stage]
-
+    # A stage's tests depend on the stages its package declares and on those
+    # whose modules they import (kv_cache's tests run the fast path).
+    edges = {stage: set(deps) for stage, deps in _dependencies(root).items()}
+    for stage, names in imports.items():
+        edges.setdefault(stage, set()).update(modules[n] for n in names if n in modules)
     stages = {p.name for p in root.glob("packages/*") if p.is_dir()}
     stages |= {p.parent.name for p in root.glob("specs/*/tests") if p.is_dir()}
+    keys = {}
     for stage in sorted(stages):
-        key(stage, ())
+        h = hashlib.sha256(f"stage {stage}\0".encode() + shared.digest())
+        for member in sorted(_closure(stage, edges)):
+            h.update(f"{member}\0".encode() + own.get(member, hashlib.sha256()).digest())
+        keys[stage] = h.hexdigest()
     return digest.hexdigest(), keys
 
 
