@@ -66,6 +66,8 @@ DEV_TOOLS = (
     "xmlschema",
     "pre-commit",
     "check-jsonschema",
+    "markdown-it-py",  # test-readmes reads the READMEs' blocks
+    "packaging",
 )
 DEV_ENV = ROOT / ".nox" / "_shared-dev"
 REPORTS = ROOT / "reports"
@@ -92,7 +94,12 @@ def dev_env(session: nox.Session) -> dict[str, str]:
     stamp = DEV_ENV / "niels-gpt-fingerprint"
     wanted = _fingerprint()
     if not (stamp.is_file() and stamp.read_text() == wanted):
-        session.log(f"building the shared dev environment in {DEV_ENV}")
+        # Not --quiet: pip's "Collecting ..." lines are the progress of a build
+        # that takes one to two minutes (torch is most of it).
+        session.log(
+            f"building the shared dev environment in {DEV_ENV}: torch, the stages and "
+            f"{len(DEV_TOOLS)} tools, about 1-2 minutes; pip's progress follows"
+        )
         session.run(sys.executable, "-m", "venv", "--clear", str(DEV_ENV), external=True)
         editables = [arg for p in (*PACKAGES, CONTRACTS) for arg in ("-e", str(p))]
         session.run(
@@ -100,7 +107,8 @@ def dev_env(session: nox.Session) -> dict[str, str]:
             "-m",
             "pip",
             "install",
-            "--quiet",
+            "--progress-bar",
+            "off",
             "-c",
             str(CONSTRAINTS),
             *editables,
@@ -202,7 +210,9 @@ def acceptance_dirs() -> list[str]:
 # The READMEs' Python examples, run as tests once, on the CPU (pytest-codeblocks;
 # ``packages`` brings each stage's README). Shell blocks are install and nox
 # commands: the root conftest deselects them.
-README_EXAMPLES = ("--codeblocks", "README.md", "experiments/README.md")
+# experiments/README.md is left to test-readmes: its examples import the
+# experiment, which the shared dev environment does not install.
+README_EXAMPLES = ("--codeblocks", "README.md")
 
 
 def device_tests(session: nox.Session, kind: str) -> None:
@@ -222,6 +232,7 @@ def device_tests(session: nox.Session, kind: str) -> None:
         f"--device={kind}",
         "--numprocesses=auto",
         f"--invariant-report={REPORTS / f'invariants-{kind}.json'}",
+        "--invariant-report-merge",  # a narrowed run (-k rope) adds to the report
         *(README_EXAMPLES if kind == "cpu" else ()),
         *session.posargs,
     )
@@ -269,7 +280,7 @@ def typecheck(session: nox.Session) -> None:
     sources = [str(p / "src") for p in PACKAGES]
     drivers = [str(ROOT / "specs" / p.name) for p in PACKAGES if (ROOT / "specs" / p.name).is_dir()]
     env = dev_env(session)
-    others = [str(CONTRACTS / "src"), str(ROOT / "experiments" / "src")]
+    others = [str(CONTRACTS / "src"), str(ROOT / "experiments" / "src"), str(ROOT / "tests")]
     env["MYPYPATH"] = os.pathsep.join([*sources, *others])
     files = session.posargs or [*sources, *others, *drivers]
     session.run(str(_bin_dir(DEV_ENV) / "mypy"), *files, env=env, external=True)
@@ -337,10 +348,11 @@ def pr_verdict(session: nox.Session) -> None:
 
 @nox.session(venv_backend="none")
 def bench(session: nox.Session) -> None:
-    """Side-by-side benchmarks: ``-- --device cuda``, ``--quick``, ``--no-compile``.
+    """Side-by-side benchmarks: ``-- --device cuda``, ``--quick``, ``--no-compile``, ``--write``.
 
-    Prints every figure beside its reference and writes benchmarks/results/
-    (JSON, table, tokens/s plot) and the README's bench section.
+    Prints every figure beside its reference, with a progress line per step;
+    writes benchmarks/results/ (JSON, table, tokens/s plot) and the README's
+    bench section only with ``-- --write``.
     """
     args = list(session.posargs)
     if not any(a == "--device" or a.startswith("--device=") for a in args):
@@ -370,6 +382,38 @@ def build(session: nox.Session) -> None:
             str(dist),
             str(project),
         )
+
+
+def build_wheels(session: nox.Session, out: Path) -> Path:
+    """A wheel of every stage, the checker and the experiment into a fresh ``out``."""
+    session.install("-c", str(CONSTRAINTS), "build", "hatchling")
+    shutil.rmtree(out, ignore_errors=True)
+    for project in (*PACKAGES, CONTRACTS, EXPERIMENTS):
+        session.run(
+            "python", "-m", "build", "--wheel", "--no-isolation", "--outdir", str(out),
+            str(project), silent=True,
+        )  # fmt: skip
+    return out
+
+
+@nox.session(name="test-readmes")
+def test_readmes(session: nox.Session) -> None:
+    """Every README's examples, in order, from the wheels its own install lines bring.
+
+    Builds the wheels, then runs ``tests/test_readmes.py`` from the shared dev
+    environment: a fresh venv a README section (torch seeded, see
+    ``tests/readme_env.py``), the section's ``pip install`` line against those
+    wheels, its Python blocks in order. The same ``tests/`` folder checks the
+    docs' other promises in seconds: versions that agree with the packaging
+    files, and a ``bench --quick`` that writes nothing tracked with sane
+    figures. Posargs go to pytest.
+    """
+    wheels = build_wheels(session, Path(session.create_tmp()) / "wheels")
+    env = {**dev_env(session), "NIELS_GPT_WHEELS": str(wheels)}
+    session.run(
+        str(_bin_dir(DEV_ENV) / "pytest"), str(ROOT / "tests"), "-p", "no:cacheprovider",
+        "--numprocesses=auto", *session.posargs, env=env, external=True,
+    )  # fmt: skip
 
 
 # --- the downstream experiment ------------------------------------------------
