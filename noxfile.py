@@ -53,6 +53,7 @@ CONSTRAINTS = ROOT / "constraints.txt"
 PACKAGES = sorted(p.parent for p in (ROOT / "packages").glob("*/pyproject.toml"))
 CONTRACTS = ROOT / "contracts"
 EXPERIMENTS = ROOT / "experiments"  # a user of the stage wheels, not a stage
+SERVE = ROOT / "serve"  # the web app, another user of the stage wheels
 DEV_TOOLS = (
     "pytest",
     "pytest-xdist",
@@ -66,6 +67,10 @@ DEV_TOOLS = (
     "xmlschema",
     "pre-commit",
     "check-jsonschema",
+    # serve/: the app's stack, for mypy over serve/src (its tests run from wheels)
+    "fastapi",
+    "uvicorn",
+    "httpx",
 )
 DEV_ENV = ROOT / ".nox" / "_shared-dev"
 REPORTS = ROOT / "reports"
@@ -261,7 +266,7 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(venv_backend="none")
 def typecheck(session: nox.Session) -> None:
-    """mypy --strict over every package's sources, the checker, the experiment and the drivers.
+    """mypy --strict over every package's sources, the checker, the experiment, the app, the drivers.
 
     Packages are found, not listed (see PACKAGES); a stage's drivers in
     specs/<stage>/ are checked once its package exists.
@@ -269,7 +274,7 @@ def typecheck(session: nox.Session) -> None:
     sources = [str(p / "src") for p in PACKAGES]
     drivers = [str(ROOT / "specs" / p.name) for p in PACKAGES if (ROOT / "specs" / p.name).is_dir()]
     env = dev_env(session)
-    others = [str(CONTRACTS / "src"), str(ROOT / "experiments" / "src")]
+    others = [str(CONTRACTS / "src"), str(ROOT / "experiments" / "src"), str(SERVE / "src")]
     env["MYPYPATH"] = os.pathsep.join([*sources, *others])
     files = session.posargs or [*sources, *others, *drivers]
     session.run(str(_bin_dir(DEV_ENV) / "mypy"), *files, env=env, external=True)
