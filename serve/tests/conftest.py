@@ -13,20 +13,18 @@ import random
 import re
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
-from fastapi import FastAPI
 
 from niels_gpt_experiments.loading import load_run
 from niels_gpt_serve.app import Served, create_app
 from niels_gpt_serve.engine import PaddedEngine
 from niels_gpt_serve.limits import Limits
+from niels_gpt_serve.local import ThreadServer
 
 TINY_FLAGS = (
     *("--context", "64", "--width", "32", "--layers", "2", "--heads", "2"),
@@ -112,32 +110,8 @@ class SlowEngine(PaddedEngine):
         return super().next_logits(batch)
 
 
-class ThreadServer:
-    """A uvicorn server for ``app`` on 127.0.0.1 in a thread (a real socket)."""
-
-    def __init__(self, app: FastAPI) -> None:
-        self.server = uvicorn.Server(
-            uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
-        )
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def __enter__(self) -> str:
-        self.thread.start()
-        deadline = time.monotonic() + 20
-        while not self.server.started:
-            if time.monotonic() > deadline or not self.thread.is_alive():
-                raise RuntimeError("uvicorn did not start within 20 s")
-            time.sleep(0.02)
-        port = self.server.servers[0].sockets[0].getsockname()[1]
-        return f"http://127.0.0.1:{port}"
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=20)
-
-
 @pytest.fixture
-def thread_server() -> Callable[[FastAPI], ThreadServer]:
+def thread_server() -> type[ThreadServer]:
     return ThreadServer
 
 

@@ -16,9 +16,10 @@ import pytest
 import niels_gpt_experiments.cli
 from niels_gpt_serve.app import Served, create_app
 from niels_gpt_serve.limits import Limits
+from niels_gpt_serve.local import ThreadServer
 from niels_gpt_serve.runs import ServeError, choose_run, newest_run
 
-from .conftest import TINY_FLAGS, SlowEngine, ThreadServer, script, write_corpus
+from .conftest import TINY_FLAGS, SlowEngine, script, write_corpus
 
 ONE_SLOT = Limits(max_new_tokens=48, max_body_bytes=4096, max_batch=1, max_waiting=0)
 LONG = {"prompt": "def ", "max_new_tokens": 48, "temperature": 1.0, "seed": 1}
@@ -35,7 +36,7 @@ def wait_for(http: httpx.Client, done: Callable[[dict[str, Any]], bool]) -> dict
 
 
 def test_a_client_that_leaves_mid_stream_frees_its_slot(
-    served: Served, thread_server: Callable[..., ThreadServer]
+    served: Served, thread_server: type[ThreadServer]
 ) -> None:
     app = create_app(served, ONE_SLOT, engine=SlowEngine(served, pause_s=0.05))
     with thread_server(app) as url, httpx.Client(base_url=url, timeout=30) as http:
@@ -56,7 +57,7 @@ def test_a_client_that_leaves_mid_stream_frees_its_slot(
 
 
 def test_a_client_that_gives_up_on_a_json_answer_frees_its_slot(
-    served: Served, thread_server: Callable[..., ThreadServer]
+    served: Served, thread_server: type[ThreadServer]
 ) -> None:
     app = create_app(served, ONE_SLOT, engine=SlowEngine(served, pause_s=0.05))
     with thread_server(app) as url, httpx.Client(base_url=url, timeout=30) as http:

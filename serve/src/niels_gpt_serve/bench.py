@@ -1,0 +1,177 @@
+"""Benchmark: batched serving against serving the same clients one by one.
+
+    python -m niels_gpt_serve.bench                      # both model shapes, 8 clients
+    python -m niels_gpt_serve.bench --checkpoint runs/v1 --clients 8 --new-tokens 64
+
+The app runs on uvicorn in this process, on 127.0.0.1; clients are httpx
+streams (server-sent events), as the page uses the API. Each round serves the
+same ``--clients`` requests (different prompt lengths, seeds, sampled with
+top-k) twice: one after another (each alone on the server) and all at once
+(batched by the server). Rounds alternate the two, and the figures are the
+medians over rounds, so load on a shared machine touches both alike. Printed:
+tokens/s of each, their ratio against the 3x target, and the time to the
+first token at 1 and at ``--clients`` clients. Never a test: figures are
+printed, not asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import torch
+
+from niels_gpt.config import ModelConfig
+from niels_gpt.model.gpt import GPT
+from niels_gpt_serve.app import Served, create_app
+from niels_gpt_serve.limits import Limits
+from niels_gpt_serve.local import ThreadServer
+
+__all__ = ["main"]
+
+# Untrained v1 models in the shapes `niels-train` trains: tokens/s does not
+# depend on the weights (no eos is asked for, so every request runs to the end).
+SHAPES = {
+    "quick": ModelConfig(V=256, T=64, C=64, L=2, H=2, d_ff=192, dropout=0.0),
+    "default": ModelConfig(V=256, T=256, C=256, L=4, H=4, d_ff=768, dropout=0.0),
+}
+PROMPTS = ("def ", "class Tree:\n", "import os\nimport sys\n", "    return self.")
+
+
+@dataclass(frozen=True)
+class Run:
+    """One pass over the clients: wall time, tokens, and each client's first-token time."""
+
+    wall_s: float
+    tokens: int
+    first_s: list[float]
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.wall_s
+
+
+def _request(i: int, new_tokens: int) -> dict[str, object]:
+    return {
+        "prompt": PROMPTS[i % len(PROMPTS)],
+        "max_new_tokens": new_tokens,
+        "temperature": 0.8,
+        "top_k": 40,
+        "seed": i,
+    }
+
+
+async def _client(http: httpx.AsyncClient, body: dict[str, object]) -> tuple[float, int]:
+    """One streamed request: (seconds to its first token, tokens received)."""
+    start = time.perf_counter()
+    first, tokens = 0.0, 0
+    async with http.stream("POST", "/api/generate/stream", json=body) as response:
+        response.raise_for_status()
+        async for line in response.aiter_lines():
+            if line == "event: token":
+                tokens += 1
+                if tokens == 1:
+                    first = time.perf_counter() - start
+            elif line.startswith("data: ") and '"finish_reason"' in line:
+                assert len(json.loads(line[6:])["tokens"]) == tokens
+    return first, tokens
+
+
+async def _pass(url: str, bodies: Sequence[dict[str, object]], together: bool) -> Run:
+    limits = httpx.Limits(max_connections=len(bodies))
+    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as http:
+        start = time.perf_counter()
+        if together:
+            done = await asyncio.gather(*(_client(http, b) for b in bodies))
+        else:
+            done = [await _client(http, b) for b in bodies]
+        wall = time.perf_counter() - start
+    return Run(wall, sum(n for _, n in done), [f for f, _ in done])
+
+
+def _loadavg() -> str:
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "n/a"
+
+
+def bench_model(served: Served, label: str, clients: int, new_tokens: int, rounds: int) -> float:
+    """Print one model's lines; return the batched / one-by-one tokens/s ratio."""
+    bodies = [_request(i, new_tokens) for i in range(clients)]
+    app = create_app(served, Limits(max_new_tokens=new_tokens, max_batch=clients))
+    serial: list[Run] = []
+    batched: list[Run] = []
+    with ThreadServer(app) as url:
+        asyncio.run(_pass(url, bodies[:1], together=False))  # warm-up
+        for _ in range(rounds):
+            serial.append(asyncio.run(_pass(url, bodies, together=False)))
+            batched.append(asyncio.run(_pass(url, bodies, together=True)))
+    cfg = served.config
+    one = statistics.median(r.tokens_per_s for r in serial)
+    many = statistics.median(r.tokens_per_s for r in batched)
+    ttft_1 = statistics.median(f for r in serial for f in r.first_s) * 1e3
+    ttft_n = statistics.median(f for r in batched for f in r.first_s) * 1e3
+    ttft_n_max = statistics.median(max(r.first_s) for r in batched) * 1e3
+    ratio = many / one
+    print(f"{label}: v1 T={cfg.T} C={cfg.C} L={cfg.L} H={cfg.H} d_ff={cfg.d_ff}, "
+          f"{clients} clients x {new_tokens} new tokens, median of {rounds} rounds")  # fmt: skip
+    print(
+        f"  one by one      {one:8.0f} tokens/s   time to first token {ttft_1:7.1f} ms (1 client)"
+    )
+    print(f"  batched         {many:8.0f} tokens/s   time to first token {ttft_n:7.1f} ms median, "
+          f"{ttft_n_max:.1f} ms slowest ({clients} clients)")  # fmt: skip
+    mark = "met " if ratio >= 3 else "MISS"
+    print(f"  [{mark}] batched at {clients} clients >= 3x one by one: {ratio:.2f}x")
+    return ratio
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m niels_gpt_serve.bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser.add_argument("--checkpoint", type=Path, help="a niels-train run instead of the shapes")
+    parser.add_argument("--shape", choices=sorted(SHAPES), action="append", help="default: both")
+    parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--new-tokens", type=int, default=40)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args(argv)
+    if args.clients < 1 or args.new_tokens < 1 or args.rounds < 1:
+        parser.error("--clients, --new-tokens and --rounds must be >= 1")
+    print(f"niels-serve bench - {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+          f"torch {torch.__version__} ({torch.get_num_threads()} threads), "
+          f"loadavg at start {_loadavg()}")  # fmt: skip
+    if args.checkpoint is not None:
+        from niels_gpt_experiments.loading import load_run
+
+        run = load_run(args.checkpoint, device="cpu")
+        served = Served(run.model, run.config, run.arch, args.checkpoint.name, run.step)
+        models = [(served, f"run {args.checkpoint}")]
+    else:
+        models = []
+        for name in args.shape or ["quick", "default"]:
+            torch.manual_seed(0)
+            cfg = SHAPES[name]
+            model = GPT(cfg).eval()
+            models.append((Served(model, cfg, "v1", f"untrained-{name}", 0), f"{name} shape"))
+    for served, label in models:
+        if served.config.T < max(len(p) for p in PROMPTS) + args.new_tokens:
+            parser.error(
+                f"--new-tokens {args.new_tokens} does not fit {label}'s T={served.config.T}"
+            )
+        bench_model(served, label, args.clients, args.new_tokens, args.rounds)
+    print(f"loadavg at end {_loadavg()}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
