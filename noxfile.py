@@ -450,3 +450,53 @@ def test_experiments(session: nox.Session) -> None:
         str(bin_dir / "niels-ablate"), "--quick", "--out", str(work / "ablate"), "--data-dir", data,
         env=env, external=True,
     )  # fmt: skip
+
+
+# --- the web app ----------------------------------------------------------------
+
+
+@nox.session(name="test-serve")
+def test_serve(session: nox.Session) -> None:
+    """The app as a user gets it: wheels built here, a fresh venv, no source tree.
+
+    Builds a wheel of every stage, of ``experiments/`` and of ``serve/``;
+    installs ``niels-gpt-serve[test]`` with ``-c constraints.txt`` into a new
+    venv; checks that every import resolves to that venv; runs the app's tests
+    there: the API in-process, batching, disconnects, the command line, a
+    32-client load test and the page in Debian's headless chromium (which
+    ``.ci/run`` installs; where it is missing the browser test fails with the
+    line that installs it). Posargs go to pytest. One intra-op thread, as in
+    test-experiments: the test model is tiny and the machine shared.
+    """
+    session.install("-c", str(CONSTRAINTS), "build", "hatchling")
+    tmp = Path(session.create_tmp()) / "serve"
+    shutil.rmtree(tmp, ignore_errors=True)
+    wheels, venv = tmp / "wheels", tmp / "venv"
+    for project in (*PACKAGES, EXPERIMENTS, SERVE):
+        session.run(
+            "python", "-m", "build", "--wheel", "--no-isolation", "--outdir", str(wheels),
+            str(project), silent=True,
+        )  # fmt: skip
+    session.run(sys.executable, "-m", "venv", "--without-pip", str(venv), external=True)
+    bin_dir = _bin_dir(venv)
+    python = str(bin_dir / "python")
+    session.run(
+        "python", "-m", "pip", "--python", python, "install", "--quiet", "--no-compile",
+        "-c", str(CONSTRAINTS), "--find-links", str(wheels), "niels-gpt-serve[test]",
+    )  # fmt: skip
+    env = {
+        "PATH": os.pathsep.join((str(bin_dir), os.environ.get("PATH", ""))),
+        "VIRTUAL_ENV": str(venv),
+        "OMP_NUM_THREADS": "1",
+    }
+    probe = (
+        "import sys, niels_gpt.model.padding as p, niels_gpt_experiments.loading as e, "
+        "niels_gpt_serve as s\n"
+        "outside = [m.__file__ for m in (p, e, s) if not m.__file__.startswith(sys.prefix)]\n"
+        "assert not outside, f'imported from the source tree, not the wheels: {outside}'\n"
+    )
+    session.run(python, "-c", probe, env=env, external=True)
+    session.run(
+        python, "-m", "pytest", "-c", str(SERVE / "pyproject.toml"), f"--rootdir={SERVE}",
+        str(SERVE / "tests"), "-p", "no:cacheprovider", *session.posargs, env=env, external=True,
+    )  # fmt: skip
