@@ -67,6 +67,8 @@ DEV_TOOLS = (
     "xmlschema",
     "pre-commit",
     "check-jsonschema",
+    "markdown-it-py",  # test-readmes reads the READMEs' blocks
+    "packaging",
     # serve/: the app's stack, for mypy over serve/src (its tests run from wheels)
     "fastapi",
     "uvicorn",
@@ -207,7 +209,9 @@ def acceptance_dirs() -> list[str]:
 # The READMEs' Python examples, run as tests once, on the CPU (pytest-codeblocks;
 # ``packages`` brings each stage's README). Shell blocks are install and nox
 # commands: the root conftest deselects them.
-README_EXAMPLES = ("--codeblocks", "README.md", "experiments/README.md")
+# experiments/README.md is left to test-readmes: its examples import the
+# experiment, which the shared dev environment does not install.
+README_EXAMPLES = ("--codeblocks", "README.md")
 
 
 def device_tests(session: nox.Session, kind: str) -> None:
@@ -274,7 +278,8 @@ def typecheck(session: nox.Session) -> None:
     sources = [str(p / "src") for p in PACKAGES]
     drivers = [str(ROOT / "specs" / p.name) for p in PACKAGES if (ROOT / "specs" / p.name).is_dir()]
     env = dev_env(session)
-    others = [str(CONTRACTS / "src"), str(ROOT / "experiments" / "src"), str(SERVE / "src")]
+    others = [str(CONTRACTS / "src"), str(ROOT / "experiments" / "src"), str(ROOT / "tests")]
+    others.append(str(SERVE / "src"))
     env["MYPYPATH"] = os.pathsep.join([*sources, *others])
     files = session.posargs or [*sources, *others, *drivers]
     session.run(str(_bin_dir(DEV_ENV) / "mypy"), *files, env=env, external=True)
@@ -375,6 +380,35 @@ def build(session: nox.Session) -> None:
             str(dist),
             str(project),
         )
+
+
+def build_wheels(session: nox.Session, out: Path) -> Path:
+    """A wheel of every stage, the checker and the experiment into a fresh ``out``."""
+    session.install("-c", str(CONSTRAINTS), "build", "hatchling")
+    shutil.rmtree(out, ignore_errors=True)
+    for project in (*PACKAGES, CONTRACTS, EXPERIMENTS):
+        session.run(
+            "python", "-m", "build", "--wheel", "--no-isolation", "--outdir", str(out),
+            str(project), silent=True,
+        )  # fmt: skip
+    return out
+
+
+@nox.session(name="test-readmes")
+def test_readmes(session: nox.Session) -> None:
+    """Every README's examples, in order, from the wheels its own install lines bring.
+
+    Builds the wheels, then runs ``tests/test_readmes.py`` from the shared dev
+    environment: a fresh venv a README section (torch seeded, see
+    ``tests/readme_env.py``), the section's ``pip install`` line against those
+    wheels, its Python blocks in order. Posargs go to pytest.
+    """
+    wheels = build_wheels(session, Path(session.create_tmp()) / "wheels")
+    env = {**dev_env(session), "NIELS_GPT_WHEELS": str(wheels)}
+    session.run(
+        str(_bin_dir(DEV_ENV) / "pytest"), str(ROOT / "tests"), "-p", "no:cacheprovider",
+        "--numprocesses=auto", *session.posargs, env=env, external=True,
+    )  # fmt: skip
 
 
 # --- the downstream experiment ------------------------------------------------
