@@ -270,7 +270,7 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(venv_backend="none")
 def typecheck(session: nox.Session) -> None:
-    """mypy --strict over every package's sources, the checker, the experiment, the app, the drivers.
+    """mypy --strict over every package's sources, the checker, experiments, serve, the drivers.
 
     Packages are found, not listed (see PACKAGES); a stage's drivers in
     specs/<stage>/ are checked once its package exists.
@@ -366,10 +366,10 @@ def mutants(session: nox.Session) -> None:
 
 @nox.session
 def build(session: nox.Session) -> None:
-    """Build one wheel per package (stages, checker, experiments) into dist/."""
+    """Build one wheel per package (stages, checker, experiments, the app) into dist/."""
     session.install("-c", str(CONSTRAINTS), "build", "hatchling")
     dist = ROOT / "dist"
-    for project in (*PACKAGES, CONTRACTS, EXPERIMENTS):
+    for project in (*PACKAGES, CONTRACTS, EXPERIMENTS, SERVE):
         session.run(
             "python",
             "-m",
@@ -383,10 +383,10 @@ def build(session: nox.Session) -> None:
 
 
 def build_wheels(session: nox.Session, out: Path) -> Path:
-    """A wheel of every stage, the checker and the experiment into a fresh ``out``."""
+    """A wheel of every stage, the checker, the experiment and the app into a fresh ``out``."""
     session.install("-c", str(CONSTRAINTS), "build", "hatchling")
     shutil.rmtree(out, ignore_errors=True)
-    for project in (*PACKAGES, CONTRACTS, EXPERIMENTS):
+    for project in (*PACKAGES, CONTRACTS, EXPERIMENTS, SERVE):
         session.run(
             "python", "-m", "build", "--wheel", "--no-isolation", "--outdir", str(out),
             str(project), silent=True,
@@ -493,7 +493,7 @@ def test_experiments(session: nox.Session) -> None:
 def test_serve(session: nox.Session) -> None:
     """The app as a user gets it: wheels built here, a fresh venv, no source tree.
 
-    Builds a wheel of every stage, of ``experiments/`` and of ``serve/``;
+    Builds the wheels (``build_wheels``: every stage, ``experiments/``, ``serve/``);
     installs ``niels-gpt-serve[test]`` with ``-c constraints.txt`` into a new
     venv; checks that every import resolves to that venv; runs the app's tests
     there: the API in-process, batching, disconnects, the command line, a
@@ -502,15 +502,9 @@ def test_serve(session: nox.Session) -> None:
     line that installs it). Posargs go to pytest. One intra-op thread, as in
     test-experiments: the test model is tiny and the machine shared.
     """
-    session.install("-c", str(CONSTRAINTS), "build", "hatchling")
     tmp = Path(session.create_tmp()) / "serve"
     shutil.rmtree(tmp, ignore_errors=True)
-    wheels, venv = tmp / "wheels", tmp / "venv"
-    for project in (*PACKAGES, EXPERIMENTS, SERVE):
-        session.run(
-            "python", "-m", "build", "--wheel", "--no-isolation", "--outdir", str(wheels),
-            str(project), silent=True,
-        )  # fmt: skip
+    wheels, venv = build_wheels(session, tmp / "wheels"), tmp / "venv"
     session.run(sys.executable, "-m", "venv", "--without-pip", str(venv), external=True)
     bin_dir = _bin_dir(venv)
     python = str(bin_dir / "python")
@@ -534,3 +528,18 @@ def test_serve(session: nox.Session) -> None:
         python, "-m", "pytest", "-c", str(SERVE / "pyproject.toml"), f"--rootdir={SERVE}",
         str(SERVE / "tests"), "-p", "no:cacheprovider", *session.posargs, env=env, external=True,
     )  # fmt: skip
+
+
+@nox.session(name="serve")
+def serve(session: nox.Session) -> None:
+    """The page: wheels built here, ``niels-gpt-serve`` installed in this session's venv,
+    then ``niels-serve`` (posargs go to it: ``nox -s serve -- --port 8000``).
+
+    The venv (``.nox/serve``) is kept between runs; this checkout's wheels are
+    reinstalled every time, so it serves the code you have.
+    """
+    wheels = build_wheels(session, Path(session.create_tmp()) / "wheels")
+    session.install("-c", str(CONSTRAINTS), "--find-links", str(wheels), "niels-gpt-serve")
+    ours = [str(w) for w in sorted(wheels.glob("*.whl")) if "contracts" not in w.name]
+    session.install("--no-deps", "--force-reinstall", "--quiet", *ours)
+    session.run("niels-serve", *session.posargs)

@@ -20,6 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from niels_gpt.model.gpt import GPT
 from niels_gpt_experiments.loading import load_run
 from niels_gpt_serve.app import Served, create_app
 from niels_gpt_serve.engine import PaddedEngine
@@ -80,6 +81,7 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def served(tiny_run: Path) -> Served:
     run = load_run(tiny_run, device="cpu")
+    assert isinstance(run.model, GPT)
     return Served(run.model, run.config, run.arch, tiny_run.name, run.step)
 
 

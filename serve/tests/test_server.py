@@ -120,6 +120,6 @@ def test_with_no_run_the_quick_model_is_trained_first(
     runs = tmp_path / "runs"
     run = choose_run(None, runs, said.append)
     assert run == runs / "quick" and (run / "checkpoints" / "latest").is_file()
-    assert asked == [["--quick", "--out", str(runs / "quick")]]
+    assert asked == [["--quick", "--out", str(runs / "quick"), "--resume"]]
     assert "training the --quick model first" in said[0]
     assert choose_run(None, runs, said.append) == run  # and next time it is the newest run

@@ -136,8 +136,11 @@ def bench_model(served: Served, label: str, clients: int, new_tokens: int, round
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m niels_gpt_serve.bench", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m niels_gpt_serve.bench",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--checkpoint", type=Path, help="a niels-train run instead of the shapes")
     parser.add_argument("--shape", choices=sorted(SHAPES), action="append", help="default: both")
     parser.add_argument("--clients", type=int, default=8)
@@ -154,6 +157,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from niels_gpt_experiments.loading import load_run
 
         run = load_run(args.checkpoint, device="cpu")
+        if not isinstance(run.model, GPT):
+            parser.error(f"expected a niels_gpt GPT in {args.checkpoint}, got {run.model!r}")
         served = Served(run.model, run.config, run.arch, args.checkpoint.name, run.step)
         models = [(served, f"run {args.checkpoint}")]
     else:
@@ -164,7 +169,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             model = GPT(cfg).eval()
             models.append((Served(model, cfg, "v1", f"untrained-{name}", 0), f"{name} shape"))
     for served, label in models:
-        if served.config.T < max(len(p) for p in PROMPTS) + args.new_tokens:
+        if max(len(p) for p in PROMPTS) + args.new_tokens > served.config.T:
             parser.error(
                 f"--new-tokens {args.new_tokens} does not fit {label}'s T={served.config.T}"
             )

@@ -62,6 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     import uvicorn
 
+    from niels_gpt.model.gpt import GPT
     from niels_gpt_experiments.loading import load_run
     from niels_gpt_serve.app import Served, create_app
     from niels_gpt_serve.runs import ServeError, choose_run, stderr
@@ -71,6 +72,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         loaded = load_run(run_dir, device=args.device)
     except (ServeError, OSError, ValueError, RuntimeError) as err:
         print(f"niels-serve: {err}", file=sys.stderr)
+        return 1
+    if not isinstance(loaded.model, GPT):
+        print(f"niels-serve: expected a niels_gpt GPT in {run_dir}, got "
+              f"{type(loaded.model).__name__}", file=sys.stderr)  # fmt: skip
         return 1
     served = Served(loaded.model, loaded.config, loaded.arch, run_dir.name, loaded.step)
     app = create_app(served, limits)

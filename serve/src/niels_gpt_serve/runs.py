@@ -33,7 +33,7 @@ def newest_run(runs: Path) -> Path | None:
 
 
 def train_quick(runs: Path, say: Callable[[str], None]) -> Path:
-    """Train ``niels-train --quick --out runs/quick`` here, with its progress bar.
+    """Train ``niels-train --quick --out runs/quick --resume`` here, with its progress bar.
 
     Raises:
         ServeError: the run failed (its own message is printed above).
@@ -43,9 +43,9 @@ def train_quick(runs: Path, say: Callable[[str], None]) -> Path:
     out = runs / QUICK_RUN
     say(
         f"niels-serve: no run under {runs}/ yet, so training the --quick model first "
-        f"(niels-train --quick --out {out}); this takes a minute or two the first time"
+        f"(niels-train --quick --out {out}); a minute or two the first time"
     )
-    code = train_main(["--quick", "--out", str(out)])
+    code = train_main(["--quick", "--out", str(out), "--resume"])  # an interrupted one goes on
     if code != 0 or not _latest(out).is_file():
         raise ServeError(f"niels-train --quick --out {out} failed (exit status {code})")
     return out
