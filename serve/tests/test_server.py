@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
+import socket
 import subprocess
 import time
 from collections.abc import Callable
@@ -15,6 +17,7 @@ import pytest
 
 import niels_gpt_experiments.cli
 from niels_gpt_serve.app import Served, create_app
+from niels_gpt_serve.cli import listen
 from niels_gpt_serve.limits import Limits
 from niels_gpt_serve.local import ThreadServer
 from niels_gpt_serve.runs import ServeError, choose_run, newest_run
@@ -123,3 +126,26 @@ def test_with_no_run_the_quick_model_is_trained_first(
     assert asked == [["--quick", "--out", str(runs / "quick"), "--resume"]]
     assert "training the --quick model first" in said[0]
     assert choose_run(None, runs, said.append) == run  # and next time it is the newest run
+
+
+def test_the_listening_socket_gives_connections_without_nagle_delays() -> None:
+    """asyncio sets TCP_NODELAY only where the socket names IPPROTO_TCP; without it
+    every small server-sent event waits for the client's delayed ACK (~40 ms)."""
+
+    async def accepted_nodelay() -> int:
+        sock = listen("127.0.0.1", 0)
+        seen: asyncio.Queue[int] = asyncio.Queue()
+
+        async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            conn = writer.get_extra_info("socket")
+            seen.put_nowait(conn.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+            writer.close()
+
+        server = await asyncio.start_server(on_connect, sock=sock)
+        async with server:
+            _, writer = await asyncio.open_connection(*sock.getsockname()[:2])
+            got = await asyncio.wait_for(seen.get(), 10)
+            writer.close()
+        return got
+
+    assert asyncio.run(accepted_nodelay()) != 0

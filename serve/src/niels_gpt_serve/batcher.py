@@ -110,7 +110,7 @@ class Batcher:
         *,
         max_batch: int = 16,
         max_waiting: int = 256,
-        window_s: float = 0.005,
+        window_s: float = 0.002,
     ) -> None:
         if max_batch < 1 or max_waiting < 0 or window_s < 0:
             raise ValueError(

@@ -3,8 +3,9 @@
     python -m niels_gpt_serve.bench                      # both model shapes, 8 clients
     python -m niels_gpt_serve.bench --checkpoint runs/v1 --clients 8 --new-tokens 64
 
-The app runs on uvicorn in this process, on 127.0.0.1; clients are httpx
-streams (server-sent events), as the page uses the API. Each round serves the
+The app runs on uvicorn in a child process, on 127.0.0.1 (as ``niels-serve``
+does: the clients' own work does not share its interpreter); clients are
+httpx streams (server-sent events), as the page uses the API. Each round serves the
 same ``--clients`` requests (different prompt lengths, seeds, sampled with
 top-k) twice: one after another (each alone on the server) and all at once
 (batched by the server). Rounds alternate the two, and the figures are the
@@ -18,23 +19,27 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import multiprocessing
 import os
 import platform
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
 from pathlib import Path
 
 import httpx
 import torch
+import uvicorn
 
 from niels_gpt.config import ModelConfig
 from niels_gpt.model.gpt import GPT
 from niels_gpt_serve.app import Served, create_app
+from niels_gpt_serve.cli import listen
 from niels_gpt_serve.limits import Limits
-from niels_gpt_serve.local import ThreadServer
 
 __all__ = ["main"]
 
@@ -105,26 +110,71 @@ def _loadavg() -> str:
         return "n/a"
 
 
-def bench_model(served: Served, label: str, clients: int, new_tokens: int, rounds: int) -> float:
+def _served(model: str) -> Served:
+    """``"shape:<name>"``: an untrained v1 of that shape; ``"run:<path>"``: a run's model."""
+    kind, _, name = model.partition(":")
+    if kind == "run":
+        from niels_gpt_experiments.loading import load_run
+
+        run = load_run(Path(name), device="cpu")
+        if not isinstance(run.model, GPT):
+            raise TypeError(f"expected a niels_gpt GPT in {name}, got {type(run.model).__name__}")
+        return Served(run.model, run.config, run.arch, Path(name).name, run.step)
+    torch.manual_seed(0)
+    cfg = SHAPES[name]
+    return Served(GPT(cfg).eval(), cfg, "v1", f"untrained-{name}", 0)
+
+
+def _serve(model: str, limits: Limits, conn: Connection) -> None:
+    """The child process: serve ``model`` on a free loopback port, sent back through ``conn``."""
+    app = create_app(_served(model), limits)
+    sock = listen("127.0.0.1", 0)
+    conn.send(sock.getsockname()[1])
+    uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
+
+
+@contextlib.contextmanager
+def _server(model: str, limits: Limits) -> Iterator[str]:
+    ctx = multiprocessing.get_context("spawn")
+    parent, child = ctx.Pipe()
+    process = ctx.Process(target=_serve, args=(model, limits, child), daemon=True)
+    process.start()
+    try:
+        if not parent.poll(120):
+            raise RuntimeError("the benchmark's server did not start within 120 s")
+        url = f"http://127.0.0.1:{parent.recv()}"
+        with httpx.Client(base_url=url) as http:
+            for _ in range(600):  # until the app's lifespan has started
+                with contextlib.suppress(httpx.HTTPError):
+                    if http.get("/api/health").status_code == 200:
+                        break
+                time.sleep(0.05)
+        yield url
+    finally:
+        process.terminate()
+        process.join(30)
+
+
+def bench_model(model: str, clients: int, new_tokens: int, rounds: int) -> float:
     """Print one model's lines; return the batched / one-by-one tokens/s ratio."""
     bodies = [_request(i, new_tokens) for i in range(clients)]
-    app = create_app(served, Limits(max_new_tokens=new_tokens, max_batch=clients))
     serial: list[Run] = []
     batched: list[Run] = []
-    with ThreadServer(app) as url:
+    with _server(model, Limits(max_new_tokens=new_tokens, max_batch=clients)) as url:
+        info = httpx.get(f"{url}/api/model").json()
         asyncio.run(_pass(url, bodies[:1], together=False))  # warm-up
         for _ in range(rounds):
             serial.append(asyncio.run(_pass(url, bodies, together=False)))
             batched.append(asyncio.run(_pass(url, bodies, together=True)))
-    cfg = served.config
     one = statistics.median(r.tokens_per_s for r in serial)
     many = statistics.median(r.tokens_per_s for r in batched)
     ttft_1 = statistics.median(f for r in serial for f in r.first_s) * 1e3
     ttft_n = statistics.median(f for r in batched for f in r.first_s) * 1e3
     ttft_n_max = statistics.median(max(r.first_s) for r in batched) * 1e3
     ratio = many / one
-    print(f"{label}: v1 T={cfg.T} C={cfg.C} L={cfg.L} H={cfg.H} d_ff={cfg.d_ff}, "
-          f"{clients} clients x {new_tokens} new tokens, median of {rounds} rounds")  # fmt: skip
+    print(f"{model}: {info['arch']} T={info['T']} C={info['C']} L={info['L']} H={info['H']} "
+          f"d_ff={info['d_ff']}, {clients} clients x {new_tokens} new tokens, "
+          f"median of {rounds} rounds; engine: {info['engine']}")  # fmt: skip
     print(
         f"  one by one      {one:8.0f} tokens/s   time to first token {ttft_1:7.1f} ms (1 client)"
     )
@@ -154,26 +204,15 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"torch {torch.__version__} ({torch.get_num_threads()} threads), "
           f"loadavg at start {_loadavg()}")  # fmt: skip
     if args.checkpoint is not None:
-        from niels_gpt_experiments.loading import load_run
-
-        run = load_run(args.checkpoint, device="cpu")
-        if not isinstance(run.model, GPT):
-            parser.error(f"expected a niels_gpt GPT in {args.checkpoint}, got {run.model!r}")
-        served = Served(run.model, run.config, run.arch, args.checkpoint.name, run.step)
-        models = [(served, f"run {args.checkpoint}")]
+        models = [f"run:{args.checkpoint}"]
     else:
-        models = []
-        for name in args.shape or ["quick", "default"]:
-            torch.manual_seed(0)
-            cfg = SHAPES[name]
-            model = GPT(cfg).eval()
-            models.append((Served(model, cfg, "v1", f"untrained-{name}", 0), f"{name} shape"))
-    for served, label in models:
-        if max(len(p) for p in PROMPTS) + args.new_tokens > served.config.T:
-            parser.error(
-                f"--new-tokens {args.new_tokens} does not fit {label}'s T={served.config.T}"
-            )
-        bench_model(served, label, args.clients, args.new_tokens, args.rounds)
+        models = [f"shape:{name}" for name in args.shape or ["quick", "default"]]
+    for model in models:
+        if model.startswith("shape:"):
+            T = SHAPES[model[6:]].T
+            if max(len(p) for p in PROMPTS) + args.new_tokens > T:
+                parser.error(f"--new-tokens {args.new_tokens} does not fit {model}'s T={T}")
+        bench_model(model, args.clients, args.new_tokens, args.rounds)
     print(f"loadavg at end {_loadavg()}")
     return 0
 

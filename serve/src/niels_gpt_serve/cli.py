@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["build_parser", "main"]
+__all__ = ["build_parser", "listen", "main"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,9 +38,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _listen(host: str, port: int) -> socket.socket:
+def listen(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host:port`` (port 0: a free one) for uvicorn.
+
+    It is made with ``IPPROTO_TCP`` named: asyncio sets ``TCP_NODELAY`` only on
+    connections whose socket says so, and without it Nagle's algorithm holds
+    each small server-sent event until the client's delayed ACK (~40 ms).
+    """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
     sock.listen(128)
@@ -80,7 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     served = Served(loaded.model, loaded.config, loaded.arch, run_dir.name, loaded.step)
     app = create_app(served, limits)
     try:
-        sock = _listen(args.host, args.port)
+        sock = listen(args.host, args.port)
     except OSError as err:
         print(f"niels-serve: cannot listen on {args.host}:{args.port}: {err}", file=sys.stderr)
         return 1
