@@ -194,8 +194,8 @@ def create_app(
         """``status: ok`` and the batcher's counters (running, waiting, served, cancelled...)."""
         return {"status": "ok", **batcher.stats()}
 
-    @app.post("/api/generate")
-    async def generate(req: GenerateRequest, request: Request) -> GenerateResponse:
+    @app.post("/api/generate", response_model=GenerateResponse)
+    async def generate(req: GenerateRequest, request: Request) -> GenerateResponse | Response:
         """Generate, and answer once every token is there."""
         run = _Generation(batcher, req, check_generate(req, cfg, limits))
         collect = asyncio.ensure_future(_collect(run))
@@ -207,6 +207,8 @@ def create_app(
             if not collect.done():  # the client left: stop generating for it
                 collect.cancel()
                 run.ticket.cancel()
+        if collect.cancelled():
+            return Response(status_code=499)  # nobody reads it: "client closed request"
         return collect.result()
 
     @app.post(
