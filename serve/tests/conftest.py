@@ -28,7 +28,7 @@ from niels_gpt_serve.limits import Limits
 from niels_gpt_serve.local import ThreadServer
 
 TINY_FLAGS = (
-    *("--context", "64", "--width", "32", "--layers", "2", "--heads", "2"),
+    *("--context", "64", "--width", "32", "--layers", "2", "--heads", "4"),
     *("--steps", "30", "--batch-size", "8", "--warmup", "3", "--lr", "0.01"),
     *("--eval-every", "30", "--eval-batches", "1", "--sample-tokens", "0"),
     *("--device", "cpu", "--no-progress"),
@@ -65,7 +65,7 @@ def write_corpus(root: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A niels-train run folder: v1, T=64, C=32, 2 layers, 2 heads, 30 steps."""
+    """A niels-train run folder: v1, T=64, C=32, 2 layers, 4 heads, 30 steps."""
     root = tmp_path_factory.mktemp("tiny")
     corpus = write_corpus(root / "corpus")
     out = root / "runs" / "tiny"

@@ -284,7 +284,7 @@ BAD_ATTENTION = [
     ("a token as a string", {"tokens": ["a"]}, "tokens.0"),
     ("a layer the model lacks", {"tokens": [1, 2], "layer": 2}, "layer"),
     ("a negative layer", {"tokens": [1, 2], "layer": -1}, "layer"),
-    ("a head the model lacks", {"tokens": [1, 2], "head": 2}, "head"),
+    ("a head the model lacks", {"tokens": [1, 2], "head": 4}, "head"),
     ("a path", {"tokens": [1], "path": "/etc/passwd"}, "path"),
 ]
 

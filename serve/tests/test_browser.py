@@ -119,15 +119,15 @@ def test_the_page_streams_and_shows_the_attention_of_a_chosen_head(
     assert [c for c, _ in seen if c] == list(range(1, 31))  # a token at a time
     assert all(state == "streaming" for c, state in seen if 0 < c < 30)
 
-    # Pick layer 1, head 1; the heatmap is that head's matrix from the API.
+    # Pick layer 1, head 2; the heatmap is that head's matrix from the API.
     Select(driver.find_element(By.ID, "layer")).select_by_value("1")
     heatmap = driver.find_element(By.ID, "heatmap")
     wait.until(lambda d: heatmap.get_attribute("data-layer") == "1")
-    Select(driver.find_element(By.ID, "head")).select_by_value("1")
-    wait.until(lambda d: heatmap.get_attribute("data-head") == "1")
+    Select(driver.find_element(By.ID, "head")).select_by_value("2")
+    wait.until(lambda d: heatmap.get_attribute("data-head") == "2")
     tokens = answer["prompt_tokens"] + answer["tokens"]
     with httpx.Client(base_url=server_url, timeout=60) as http:
-        got = http.post("/api/attention", json={"tokens": tokens, "layer": 1, "head": 1}).json()
+        got = http.post("/api/attention", json={"tokens": tokens, "layer": 1, "head": 2}).json()
     matrix = got["attention"][0][0]  # (t, t)
     t = len(tokens)
     cells = driver.execute_script(READ_CELLS)
