@@ -14,8 +14,12 @@ from typing import Any
 
 import httpx
 import pytest
+import torch
 
 import niels_gpt_experiments.cli
+from niels_gpt.model.gpt import GPT
+from niels_gpt.model.kv_cache import generate as stage_generate
+from niels_gpt_experiments.loading import load_run
 from niels_gpt_serve.app import Served, create_app
 from niels_gpt_serve.cli import listen
 from niels_gpt_serve.limits import Limits
@@ -149,3 +153,31 @@ def test_the_listening_socket_gives_connections_without_nagle_delays() -> None:
         return got
 
     assert asyncio.run(accepted_nodelay()) != 0
+
+
+def test_a_v0_run_is_served_too(tmp_path: Path) -> None:
+    """niels-train --model v0 (LayerNorm + GELU blocks): generation and attention work alike."""
+    corpus = write_corpus(tmp_path / "corpus")
+    run = tmp_path / "runs" / "v0"
+    subprocess.run(
+        [script("niels-train"), "--model", "v0", "--corpus", str(corpus), "--data-dir",
+         str(tmp_path / "data"), "--out", str(run), *TINY_FLAGS],
+        check=True, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    loaded = load_run(run, device="cpu")
+    assert loaded.arch == "v0" and isinstance(loaded.model, GPT)
+    served = Served(loaded.model, loaded.config, loaded.arch, run.name, loaded.step)
+    body = {"prompt": "def ", "max_new_tokens": 12, "temperature": 0.9, "top_k": 20, "seed": 4}
+    with ThreadServer(create_app(served, ONE_SLOT)) as url, httpx.Client(base_url=url) as http:
+        assert http.get("/api/model").json()["arch"] == "v0"
+        answer = http.post("/api/generate", json=body).json()
+        tokens = answer["prompt_tokens"] + answer["tokens"]
+        maps = http.post("/api/attention", json={"tokens": tokens, "layer": 1}).json()
+    ids = torch.tensor([list(b"def ")])
+    want = stage_generate(served.model, ids, 12, temperature=0.9, top_k=20,
+                          generator=torch.Generator().manual_seed(4))  # fmt: skip
+    assert isinstance(want, torch.Tensor) and answer["tokens"] == want[0, 4:].tolist()
+    _, trace = served.model.forward_with_attn_trace(torch.tensor([tokens]), 1, True)
+    assert trace["attn_full"] is not None
+    got = torch.tensor(maps["attention"][0], dtype=torch.float64)  # (H, t, t)
+    torch.testing.assert_close(got, trace["attn_full"][0].double(), rtol=0, atol=5e-7)
