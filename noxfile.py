@@ -53,6 +53,7 @@ CONSTRAINTS = ROOT / "constraints.txt"
 PACKAGES = sorted(p.parent for p in (ROOT / "packages").glob("*/pyproject.toml"))
 CONTRACTS = ROOT / "contracts"
 EXPERIMENTS = ROOT / "experiments"  # a user of the stage wheels, not a stage
+SERVE = ROOT / "serve"  # the web app, another user of the stage wheels
 DEV_TOOLS = (
     "pytest",
     "pytest-xdist",
@@ -68,6 +69,10 @@ DEV_TOOLS = (
     "check-jsonschema",
     "markdown-it-py",  # test-readmes reads the READMEs' blocks
     "packaging",
+    # serve/: the app's stack, for mypy over serve/src (its tests run from wheels)
+    "fastapi",
+    "uvicorn",
+    "httpx",
 )
 DEV_ENV = ROOT / ".nox" / "_shared-dev"
 REPORTS = ROOT / "reports"
@@ -272,7 +277,7 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(venv_backend="none")
 def typecheck(session: nox.Session) -> None:
-    """mypy --strict over every package's sources, the checker, the experiment and the drivers.
+    """mypy --strict over every package's sources, the checker, experiments, serve, the drivers.
 
     Packages are found, not listed (see PACKAGES); a stage's drivers in
     specs/<stage>/ are checked once its package exists.
@@ -281,6 +286,7 @@ def typecheck(session: nox.Session) -> None:
     drivers = [str(ROOT / "specs" / p.name) for p in PACKAGES if (ROOT / "specs" / p.name).is_dir()]
     env = dev_env(session)
     others = [str(CONTRACTS / "src"), str(ROOT / "experiments" / "src"), str(ROOT / "tests")]
+    others.append(str(SERVE / "src"))
     env["MYPYPATH"] = os.pathsep.join([*sources, *others])
     files = session.posargs or [*sources, *others, *drivers]
     session.run(str(_bin_dir(DEV_ENV) / "mypy"), *files, env=env, external=True)
@@ -368,10 +374,10 @@ def mutants(session: nox.Session) -> None:
 
 @nox.session
 def build(session: nox.Session) -> None:
-    """Build one wheel per package (stages, checker, experiments) into dist/."""
+    """Build one wheel per package (stages, checker, experiments, the app) into dist/."""
     session.install("-c", str(CONSTRAINTS), "build", "hatchling")
     dist = ROOT / "dist"
-    for project in (*PACKAGES, CONTRACTS, EXPERIMENTS):
+    for project in (*PACKAGES, CONTRACTS, EXPERIMENTS, SERVE):
         session.run(
             "python",
             "-m",
@@ -385,10 +391,10 @@ def build(session: nox.Session) -> None:
 
 
 def build_wheels(session: nox.Session, out: Path) -> Path:
-    """A wheel of every stage, the checker and the experiment into a fresh ``out``."""
+    """A wheel of every stage, the checker, the experiment and the app into a fresh ``out``."""
     session.install("-c", str(CONSTRAINTS), "build", "hatchling")
     shutil.rmtree(out, ignore_errors=True)
-    for project in (*PACKAGES, CONTRACTS, EXPERIMENTS):
+    for project in (*PACKAGES, CONTRACTS, EXPERIMENTS, SERVE):
         session.run(
             "python", "-m", "build", "--wheel", "--no-isolation", "--outdir", str(out),
             str(project), silent=True,
@@ -489,3 +495,62 @@ def test_experiments(session: nox.Session) -> None:
         str(bin_dir / "niels-ablate"), "--quick", "--out", str(work / "ablate"), "--data-dir", data,
         env=env, external=True,
     )  # fmt: skip
+
+
+# --- the web app ----------------------------------------------------------------
+
+
+@nox.session(name="test-serve")
+def test_serve(session: nox.Session) -> None:
+    """The app as a user gets it: wheels built here, a fresh venv, no source tree.
+
+    Builds the wheels (``build_wheels``: every stage, ``experiments/``, ``serve/``);
+    installs ``niels-gpt-serve[test]`` with ``-c constraints.txt`` into a new
+    venv; checks that every import resolves to that venv; runs the app's tests
+    there: the API in-process, batching, disconnects, the command line, a
+    32-client load test and the page in Debian's headless chromium (which
+    ``.ci/run`` installs; where it is missing the browser test fails with the
+    line that installs it). Posargs go to pytest. One intra-op thread, as in
+    test-experiments: the test model is tiny and the machine shared.
+    """
+    tmp = Path(session.create_tmp()) / "serve"
+    shutil.rmtree(tmp, ignore_errors=True)
+    wheels, venv = build_wheels(session, tmp / "wheels"), tmp / "venv"
+    session.run(sys.executable, "-m", "venv", "--without-pip", str(venv), external=True)
+    bin_dir = _bin_dir(venv)
+    python = str(bin_dir / "python")
+    session.run(
+        "python", "-m", "pip", "--python", python, "install", "--quiet", "--no-compile",
+        "-c", str(CONSTRAINTS), "--find-links", str(wheels), "niels-gpt-serve[test]",
+    )  # fmt: skip
+    env = {
+        "PATH": os.pathsep.join((str(bin_dir), os.environ.get("PATH", ""))),
+        "VIRTUAL_ENV": str(venv),
+        "OMP_NUM_THREADS": "1",
+    }
+    probe = (
+        "import sys, niels_gpt.model.padding as p, niels_gpt_experiments.loading as e, "
+        "niels_gpt_serve as s\n"
+        "outside = [m.__file__ for m in (p, e, s) if not m.__file__.startswith(sys.prefix)]\n"
+        "assert not outside, f'imported from the source tree, not the wheels: {outside}'\n"
+    )
+    session.run(python, "-c", probe, env=env, external=True)
+    session.run(
+        python, "-m", "pytest", "-c", str(SERVE / "pyproject.toml"), f"--rootdir={SERVE}",
+        str(SERVE / "tests"), "-p", "no:cacheprovider", *session.posargs, env=env, external=True,
+    )  # fmt: skip
+
+
+@nox.session(name="serve")
+def serve(session: nox.Session) -> None:
+    """The page: wheels built here, ``niels-gpt-serve`` installed in this session's venv,
+    then ``niels-serve`` (posargs go to it: ``nox -s serve -- --port 8000``).
+
+    The venv (``.nox/serve``) is kept between runs; this checkout's wheels are
+    reinstalled every time, so it serves the code you have.
+    """
+    wheels = build_wheels(session, Path(session.create_tmp()) / "wheels")
+    session.install("-c", str(CONSTRAINTS), "--find-links", str(wheels), "niels-gpt-serve")
+    ours = [str(w) for w in sorted(wheels.glob("*.whl")) if "contracts" not in w.name]
+    session.install("--no-deps", "--force-reinstall", "--quiet", *ours)
+    session.run("niels-serve", *session.posargs)
