@@ -272,4 +272,7 @@ def test_evidence_compares_definitions_not_bytes() -> None:
     assert worst(compare_file("t.py", base, base.replace("X == 1", "True"))) == "BREAKING"
     assert worst(compare_file("t.py", base, base.replace("X = 1", "X = 2"))) == "BREAKING"
     assert worst(compare_file("t.py", base, None)) == "BREAKING"
+    imports = "from m import a\nimport x\n"
+    assert worst(compare_file("t.py", imports, "from m import a, b\nimport x, y\n")) == "ADDITIVE"
+    assert worst(compare_file("t.py", imports, "from m import b\nimport x\n")) == "BREAKING"
     assert worst(compare_file("t.py", base, "def (")) == "BREAKING"

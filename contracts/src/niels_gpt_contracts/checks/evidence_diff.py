@@ -7,7 +7,8 @@ the files are compared definition by definition (``ast``, docstrings left
 out, so reflowed prose is no change):
 
 - a new file, a new function, class or method, a new module-level statement
-  (an import, a constant): ``ADDITIVE``, evidence added;
+  (an import, a constant; each imported name counts as one): ``ADDITIVE``,
+  evidence added;
 - a removed or edited function, method or statement, a removed file:
   ``BREAKING``, evidence that decided the old contract is gone or different;
 - a file that is not Python: any edit or removal is ``BREAKING``;
@@ -49,6 +50,11 @@ def _walk(body: list[ast.stmt], prefix: str) -> Iterator[tuple[str | None, str]]
             shell = copy.copy(node)
             shell.body = []  # the header only: bases, keywords, decorators
             yield f"{prefix}{node.name}", ast.dump(shell)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:  # one name each: an import that grows only adds
+                one = copy.copy(node)
+                one.names = [alias]
+                yield None, ast.dump(one)
         else:
             yield None, ast.dump(node)
 
