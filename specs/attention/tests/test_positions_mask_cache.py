@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 import niels_gpt.model.rope as rope
 from niels_gpt.checks import InputError
 from niels_gpt.config import ModelConfig
-from niels_gpt.model.attention import CausalSelfAttention, KVCache
+from niels_gpt.model.attention import CausalSelfAttention, KVCache, rotate_rows
 
 Tol = Callable[[torch.dtype], dict[str, float]]
 
@@ -342,3 +342,26 @@ def test_a_kernel_serves_plain_causal_calls_only(device: torch.device, training:
     attn(x[:, :3])
     attn(x[:, 3:])
     assert len(seen) == 1  # probabilities, a key mask or a cache: the explicit core
+
+
+@pytest.mark.invariant("attention.positions_rotate")
+@given(shape=_shapes())
+def test_rotate_rows_is_rope_row_by_row_in_one_call(
+    device: torch.device, shape: tuple[ModelConfig, int, int, int]
+) -> None:
+    """1.3: the public fold equals rope.apply_rope on each row with its own table rows."""
+    cfg, B, T, seed = shape
+    D = cfg.C // cfg.H
+    gen = torch.Generator().manual_seed(seed)
+    q, k = (torch.randn(B, cfg.H, T, D, generator=gen).to(device) for _ in range(2))
+    sin, cos = (t.to(device) for t in rope.rope_cache(cfg.T, D, theta=cfg.rope_theta))
+    positions = torch.randint(0, cfg.T, (B, T), generator=gen).to(device)  # (B, T)
+    q_rot, k_rot = rotate_rows(q, k, sin, cos, positions)
+    assert q_rot.shape == k_rot.shape == (B, cfg.H, T, D)
+    for b in range(B):
+        rows = positions[b]
+        want_q, want_k = rope.apply_rope(
+            q[b : b + 1], k[b : b + 1], sin[:, :, rows], cos[:, :, rows]
+        )
+        torch.testing.assert_close(q_rot[b : b + 1], want_q, rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(k_rot[b : b + 1], want_k, rtol=1e-6, atol=1e-6)
