@@ -277,8 +277,9 @@ class CausalSelfAttention(nn.Module):
         probs_full: torch.Tensor | None = None
         if return_attn and T > self.QUERY_BLOCK:
             probs_full = q.new_zeros(B, H, T, S, dtype=probs_dtype)  # (B, H, T, S)
-        for r0 in range(p, S, self.QUERY_BLOCK):
-            r1 = min(S, r0 + self.QUERY_BLOCK)
+        QB = self.QUERY_BLOCK  # one block: no range over p, which compiles as a symbolic size
+        blocks = [(p, S)] if T <= QB else [(r0, min(S, r0 + QB)) for r0 in range(p, S, QB)]
+        for r0, r1 in blocks:
             rows = slice(r0 - p, r1 - p)  # the block's queries, in this call's coordinates
             scores = q[:, :, rows] @ k[:, :, :r1].transpose(-2, -1)  # (B, H, R, r1)
             # in place where .to is a no-op: the matmul keeps no output for backward
