@@ -18,7 +18,7 @@ import torch
 import niels_gpt.model.rope as rope
 from niels_gpt.checks import InputError, check_like
 
-__all__ = ["KVCache", "check_call", "rotate_at"]
+__all__ = ["KVCache", "check_call", "rotate_at", "rotate_rows"]
 
 
 def _positive_int(value: object, name: str) -> int:
@@ -161,15 +161,30 @@ def rotate_at(
     """RoPE on ``(B, H, T, D)`` q and k, through one ``rope.apply_rope`` call.
 
     ``sin``/``cos`` are the module's ``(1, 1, cfg.T, D/2)`` tables in q's dtype.
-    Positions ``p .. p+T-1`` take the table rows from ``p`` on. Per-row
-    ``positions`` ``(B, T)`` fold the batch into rope's position axis: q and k
-    as ``(1, H, B*T, D)``, row ``b*T + i`` rotated by table row
-    ``positions[b, i]``, then unfolded to ``(B, H, T, D)``.
+    Positions ``p .. p+T-1`` take the table rows from ``p`` on; per-row
+    ``positions`` ``(B, T)`` go through ``rotate_rows``.
     """
     if positions is None:
         if p:
             sin, cos = sin[:, :, p:], cos[:, :, p:]  # (1, 1, cfg.T - p, D/2) views
         return rope.apply_rope(q, k, sin, cos)  # (B, H, T, D) each
+    return rotate_rows(q, k, sin, cos, positions)
+
+
+def rotate_rows(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    sin: torch.Tensor,
+    cos: torch.Tensor,
+    positions: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE of ``(B, H, T, D)`` q and k at per-row ``positions`` ``(B, T)``, one rope call.
+
+    ``sin``/``cos``: ``(1, 1, Tc, D/2)`` tables in q's dtype; every position in
+    ``[0, Tc)`` (not checked here). The batch is folded into rope's position
+    axis: q and k as ``(1, H, B*T, D)``, row ``b*T + i`` rotated by table row
+    ``positions[b, i]``, then unfolded to ``(B, H, T, D)``.
+    """
     B, H, T, D = q.shape
     rows = positions.reshape(B * T)  # (B*T,) table row of each folded position
     sin_fold = sin[0, 0][rows].view(1, 1, B * T, D // 2)  # (1, 1, B*T, D/2)

@@ -47,9 +47,9 @@ from torch import nn
 import niels_gpt.model.rope as rope
 from niels_gpt.checks import check_features, check_length, check_like
 from niels_gpt.config import ModelConfig
-from niels_gpt.model._attention_call import KVCache, check_call, rotate_at
+from niels_gpt.model._attention_call import KVCache, check_call, rotate_at, rotate_rows
 
-__all__ = ["AttentionKernel", "CausalSelfAttention", "KVCache"]
+__all__ = ["AttentionKernel", "CausalSelfAttention", "KVCache", "rotate_rows"]
 
 #: ``kernel(q, k, v, dropout_p, scale)``: causal attention of rotated ``(B, H, T, D)``
 #: q, k, v (query ``i`` sees keys ``0..i``), dropout ``dropout_p`` on the
