@@ -93,3 +93,38 @@ def test_only_plain_causal_calls_reach_sdpa(
     attn(x[:, :4])
     attn(x[:, 4:])
     assert calls == [1]  # probabilities, a key mask or a cache: the explicit core
+
+
+def _rope_attention64(attn: CausalSelfAttention, x: torch.Tensor) -> torch.Tensor:
+    """Causal attention with RoPE written from the definitions: float64, CPU.
+
+    RoPE as a complex turn ``exp(i p theta^(-2j/D))`` of each channel pair, the
+    angles' sin/cos rounded to float32 as the tables are built.
+    """
+    cfg = attn.cfg
+    x = x.detach().cpu().double()
+    B, T, C = x.shape
+    H, D = cfg.H, C // cfg.H
+    q, k, v = (x @ attn.qkv.weight.detach().cpu().double().T).split(C, dim=-1)  # (B, T, C) each
+    pos = torch.arange(T, dtype=torch.float64)[:, None]  # (T, 1)
+    ang = pos * cfg.rope_theta ** (-2 * torch.arange(D // 2, dtype=torch.float64) / D)  # (T, D/2)
+    turn = torch.complex(ang.cos().float().double(), ang.sin().float().double())  # (T, D/2)
+
+    def rot(t: torch.Tensor) -> torch.Tensor:
+        z = torch.view_as_complex(t.reshape(B, T, H, D // 2, 2).contiguous())  # (B, T, H, D/2)
+        return torch.view_as_real(z * turn[None, :, None]).reshape(B, T, H, D).transpose(1, 2)
+
+    vh = v.reshape(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
+    out = _causal64(rot(q), rot(k), vh, 1 / math.sqrt(D))  # (B, H, T, D)
+    return out.transpose(1, 2).reshape(B, T, C) @ attn.proj.weight.detach().cpu().double().T
+
+
+@pytest.mark.invariant("fastpath.kernel_one_place")
+@pytest.mark.invariant("fastpath.eval_matches_explicit")
+@given(T=st.integers(1, CFG.T), seed=st.integers(0, 10**6))
+def test_a_fast_module_is_rope_attention(device: torch.device, T: int, seed: int) -> None:
+    torch.manual_seed(seed)
+    attn = FastCausalSelfAttention(CFG).to(device).eval()
+    x = torch.randn(2, T, CFG.C, generator=torch.Generator().manual_seed(seed))  # (B, T, C)
+    got = attn(x.to(device))  # (B, T, C) through SDPA
+    torch.testing.assert_close(got.cpu().double(), _rope_attention64(attn, x), rtol=1e-4, atol=1e-5)
