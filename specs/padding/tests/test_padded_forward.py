@@ -751,6 +751,29 @@ def test_padded_forward_rejects_bad_input_before_any_work(
     _assert_same_state(model, before)
 
 
+@pytest.mark.invariant("padding.rejects_bad_input")
+@pytest.mark.invariant("padding.leaves_model")
+@pytest.mark.parametrize("case", sorted(_bad_calls(torch.device("cpu"))))
+def test_no_hook_is_put_on_the_model_before_the_checks(
+    device: torch.device, randomise: Randomise, case: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """2.1: a padded call reaches the attention through hooks; bad input gets none of them,
+    not even for a moment (the checks come first, not the model's own)."""
+    ids, mask, kwargs, _ = _bad_calls(device)[case]
+    model = _model(BAD_CFG, device, torch.float32, randomise, 0)
+    hooked: list[str] = []
+    real = torch.nn.Module.register_forward_pre_hook
+
+    def spy(module: torch.nn.Module, *args: Any, **kw: Any) -> Any:
+        hooked.append(type(module).__name__)
+        return real(module, *args, **kw)
+
+    monkeypatch.setattr(torch.nn.Module, "register_forward_pre_hook", spy)
+    with pytest.raises(InputError):
+        padded_forward(model, ids, mask, **kwargs)
+    assert hooked == []
+
+
 class _OtherAttention(CausalSelfAttention):
     """An attention subclass with a forward of its own: the stage cannot know its math."""
 
