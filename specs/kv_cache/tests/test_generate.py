@@ -675,6 +675,17 @@ def test_generate_rejects_bad_input_before_any_work(
 
 
 @pytest.mark.invariant("kv_cache.rejects_bad_input")
+@pytest.mark.parametrize("t", [3, BAD_CFG.T])
+def test_a_too_long_generation_is_named_as_prompt_plus_new_tokens(
+    device: torch.device, randomise: Randomise, t: int
+) -> None:
+    """2.1: generate's own check names what is too long (t + max_new_tokens against cfg.T)."""
+    model = _model(BAD_CFG, device, torch.float32, randomise, 0)
+    with pytest.raises(InputError, match=r"t \+ max_new_tokens must be <= cfg\.T = 8"):
+        generate(model, _tokens(BAD_CFG, 2, t, 0, device), BAD_CFG.T - t + 1)
+
+
+@pytest.mark.invariant("kv_cache.rejects_bad_input")
 def test_generate_rejects_a_model_that_is_not_a_gpt(device: torch.device) -> None:
     model = GPT(BAD_CFG).to(device)
     prompt = _tokens(BAD_CFG, 1, 2, 0, device)  # (1, 2)
