@@ -1,40 +1,30 @@
-"""Generation through a per-layer KV cache: prefill once, then one token a step.
+"""Generation through per-layer KV caches: prefill once, then one token a step.
 
 Shape notation::
 
     B: batch, t: prompt length, n: tokens in one cached call, p: cache length
     before the call, H: heads, D = C // H head dim, T = cfg.T, V: vocabulary
 
-The cache lives in the attention modules. ``use_kv_cache`` turns every
-attention module of a model (explicit or fast path) into a
-``KVCacheAttention`` in place and attaches a fresh ``KVCache`` to each; the
-model's own ``forward`` and ``forward_with_attn_trace`` are then the cached
-step: a call on ``n`` tokens computes positions ``p .. p+n-1`` and writes their
-rotated keys and values into rows ``[p, p+n)`` of caches allocated once. So
-the block wiring of the backbone runs unchanged, and ``drop_kv_cache`` gives
-each module its class back. ``generate`` does all of that around a prefill and
-one single-token step per further token.
-
-A step reads the cache length ``p`` from tensor metadata (the size of a view
-of the filled rows), never from a tensor's values, so nothing in it waits on
-the device; it slices the caches to the filled rows ``[0, p+n)``, so a decode
-step costs O(p). Under ``torch.compile`` that size becomes symbolic after the
-first recompilation: one graph serves every later position, with no graph
-break.
+The attention stage reads and appends a ``KVCache`` set up as an attention
+module's ``kv_cache`` (attention 1.1). This stage sets caches up on a model
+and drops them again, the way gpt-fast's and torchtune's ``setup_caches`` do:
+``use_kv_cache`` gives every attention module of a model a fresh cache, after
+which the model's own ``forward`` and ``forward_with_attn_trace`` are the
+cached step (a call on ``n`` tokens computes positions ``p .. p+n-1``);
+``drop_kv_cache`` takes them away. No module changes class, and no attention
+maths is written here: ``generate`` is a prefill and one single-token forward
+a token, on caches sized to what the call needs (prompt + new tokens).
 """
 
 from __future__ import annotations
 
-import math
-from typing import Literal, cast, overload
-
 import torch
 from torch import nn
 
-import niels_gpt.model.rope as rope
-from niels_gpt.checks import InputError, check_features, check_length, check_like
+from niels_gpt.checks import InputError
+from niels_gpt.config import ModelConfig
 from niels_gpt.model._kv_sampling import check_generate_args, choose_next, filter_logits
-from niels_gpt.model.attention import CausalSelfAttention
+from niels_gpt.model.attention import CausalSelfAttention, KVCache
 from niels_gpt.model.gpt import GPT
 
 __all__ = [
@@ -46,293 +36,98 @@ __all__ = [
     "use_kv_cache",
 ]
 
-# The fast path is recognised by name: this stage does not depend on it.
-_FAST_CLASS = ("niels_gpt.model.fastpath", "FastCausalSelfAttention")
-
-
-def _positive_int(value: object, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InputError(f"{name} must be an int >= 1, got {type(value).__name__} {value!r}")
-    return value
-
-
-class KVCache:
-    """One attention layer's keys and values, allocated once.
-
-    ``keys`` and ``values`` are ``(batch_size, n_head, max_len, head_dim)``,
-    zero-filled in ``dtype`` on ``device``. ``len(cache)`` is the number ``p``
-    of filled positions: rows ``[0, p)`` of dim 2 hold the rotated keys and the
-    values of those positions. A cached call writes into the same storage; the
-    tensors are never replaced or resized.
-
-    Raises:
-        InputError: a size that is not a positive int (``bool`` included), or
-            a ``dtype`` that is not a floating ``torch.dtype``.
-    """
-
-    keys: torch.Tensor
-    values: torch.Tensor
-
-    def __init__(
-        self,
-        batch_size: int,
-        n_head: int,
-        max_len: int,
-        head_dim: int,
-        *,
-        dtype: torch.dtype,
-        device: torch.device,
-    ) -> None:
-        shape = (
-            _positive_int(batch_size, "batch_size"),
-            _positive_int(n_head, "n_head"),
-            _positive_int(max_len, "max_len"),
-            _positive_int(head_dim, "head_dim"),
-        )
-        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-            raise InputError(f"KVCache dtype must be a floating torch.dtype, got {dtype!r}")
-        self.keys = torch.zeros(shape, dtype=dtype, device=device)  # (B, H, max_len, D)
-        self.values = torch.zeros(shape, dtype=dtype, device=device)  # (B, H, max_len, D)
-        # The length is the size of a view of the filled rows, not an int attribute:
-        # torch.compile treats a tensor's size as a symbolic int (one graph for every
-        # length), but specialises on an int attribute (one graph per length).
-        self._filled = self.keys[:, :, :0]  # (B, H, p, D) view, p = 0
-
-    def __len__(self) -> int:
-        return self._filled.shape[2]
-
-    def _append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write ``(B, H, n, D)`` keys and values at rows ``[p, p+n)``; advance to ``p + n``.
-
-        Returns the filled rows ``[0, p+n)`` of both, ``(B, H, p+n, D)`` views.
-        The caller has checked that they fit.
-        """
-        p = len(self)
-        end = p + k.shape[2]
-        self.keys[:, :, p:end] = k  # (B, H, n, D) into the storage
-        self.values[:, :, p:end] = v  # (B, H, n, D) into the storage
-        self._filled = self.keys[:, :, :end]  # (B, H, p+n, D) view
-        return self.keys[:, :, :end], self.values[:, :, :end]  # (B, H, p+n, D) each
-
 
 class KVCacheAttention(CausalSelfAttention):
-    """``CausalSelfAttention`` that reads and appends to an attached ``KVCache``.
+    """``CausalSelfAttention`` built with an empty cache slot (``kv_cache is None``).
 
-    Same constructor, parameters, buffers and ``state_dict`` as the parent.
-    Without a cache (``kv_cache is None``, how a module built directly
-    starts) it computes what the parent computes.
+    The one attention reads and appends whatever ``KVCache`` is set as its
+    ``kv_cache``; this class only starts with the attribute there. Same
+    constructor, forward, parameters, buffers and ``state_dict`` as the parent.
     """
 
-    kv_cache: KVCache | None = None
+    kv_cache: KVCache | None
 
-    # The overloads only narrow the return type for type checkers: the last
-    # ``def`` is the one that runs (and the one the API check reads).
-    @overload
-    def forward(self, x: torch.Tensor, *, return_attn: Literal[False] = ...) -> torch.Tensor: ...
-
-    @overload
-    def forward(
-        self, x: torch.Tensor, *, return_attn: Literal[True]
-    ) -> tuple[torch.Tensor, torch.Tensor]: ...
-
-    @overload
-    def forward(
-        self, x: torch.Tensor, *, return_attn: bool = ...
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]: ...
-
-    def forward(
-        self,
-        x: torch.Tensor,
-        *,
-        return_attn: bool = False,
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """Attend from ``x`` of shape ``(B, n, C)``, positions ``p .. p+n-1``, over the cache.
-
-        With a cache of length ``p``: q and k are rotated by ``rope.apply_rope``
-        with table rows ``[p, p+n)``, k and v are written to cache rows
-        ``[p, p+n)``, and query ``i`` attends to rows ``[0, p+i]``. Scale,
-        softmax, dropouts and autocast dtypes are those of the explicit path.
-
-        Returns:
-            ``y`` ``(B, n, C)``; with ``return_attn=True`` also the ``(B, H, n,
-            p+n)`` softmax rows over every filled position, before dropout.
-
-        Raises:
-            InputError: ``x`` as the parent checks it, or (nothing is written)
-                a batch other than the cache's, ``p + n`` past the cache or
-                ``cfg.T``, or a cache of another dtype, device or head shape.
-        """
-        cache = self.kv_cache
-        if cache is None:
-            return super().forward(x, return_attn=return_attn)
-        self._check_chunk(x, cache)
-        B, n, C = x.shape
-        p, H, D = len(cache), self.n_head, self.head_dim
-
-        q, k, v = self.qkv(x).split(C, dim=-1)  # (B, n, C) each
-        q = q.view(B, n, H, D).transpose(1, 2)  # (B, H, n, D)
-        k = k.view(B, n, H, D).transpose(1, 2)  # (B, H, n, D)
-        v = v.view(B, n, H, D).transpose(1, 2)  # (B, H, n, D)
-        q, k = self._rotate(q, k, p, v.dtype)  # (B, H, n, D) each, positions p .. p+n-1
-        keys, values = cache._append(k, v)  # (B, H, p+n, D) each, views of the cache
-        out, probs = self._attend_cached(q, keys, values, p, v.dtype)  # (B, n, H, D)
-        y: torch.Tensor = self.resid_dropout(self.proj(out.reshape(B, n, C)))  # (B, n, C)
-        if return_attn:
-            return y, probs  # (B, n, C), (B, H, n, p+n)
-        return y
-
-    def _remember_base(self, base: type[CausalSelfAttention]) -> None:
-        """Keep the class ``use_kv_cache`` switched from, for ``drop_kv_cache``."""
-        self._kv_cache_base: type[CausalSelfAttention] = base
-
-    def _check_chunk(self, x: torch.Tensor, cache: KVCache) -> None:
-        check_features(x, "x", ndim=3, last=self.cfg.C)
-        check_like(x, "x", self.qkv.weight, "attention")
-        B, n, _ = x.shape
-        check_length(n, self.cfg.T, "chunk length n")
-        size, heads, max_len, head_dim = cache.keys.shape
-        p = len(cache)
-        if size != B:
-            raise InputError(f"x batch must be the KV cache's batch {size}, got {B}")
-        if (heads, head_dim) != (self.n_head, self.head_dim):
-            raise InputError(
-                f"KV cache heads and head dim must be ({self.n_head}, {self.head_dim}), "
-                f"got ({heads}, {head_dim})"
-            )
-        if p + n > min(max_len, self.cfg.T):
-            raise InputError(
-                f"a chunk of {n} tokens after {p} cached ones needs {p + n} positions; "
-                f"the KV cache holds {max_len} and cfg.T is {self.cfg.T}"
-            )
-        check_like(cache.keys, "KV cache", self.qkv.weight, "attention")
-
-    def _rotate(
-        self, q: torch.Tensor, k: torch.Tensor, p: int, dtype: torch.dtype
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """RoPE at positions ``p .. p+n-1`` on ``(B, H, n, D)`` q and k, back in ``dtype``.
-
-        The rotation runs in float32 or wider (the tables' dtype, or that of the
-        activations if wider), as in the explicit path under autocast; every
-        ``.to`` is a no-op in a float32 or float64 module outside autocast.
-        """
-        n = q.shape[2]
-        work = torch.promote_types(torch.promote_types(q.dtype, self.rope_sin.dtype), torch.float32)
-        sin = self.rope_sin[:, :, p : p + n].to(work)  # (1, 1, n, D/2)
-        cos = self.rope_cos[:, :, p : p + n].to(work)  # (1, 1, n, D/2)
-        q_rot, k_rot = rope.apply_rope(q.to(work), k.to(work), sin, cos)  # (B, H, n, D) each
-        return q_rot.to(dtype), k_rot.to(dtype)  # (B, H, n, D) each
-
-    def _attend_cached(
-        self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, p: int, dtype: torch.dtype
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``softmax(mask(q keys^T / sqrt(D))) @ values`` for queries at ``p .. p+n-1``.
-
-        ``q`` is ``(B, H, n, D)``, ``keys``/``values`` ``(B, H, p+n, D)``.
-        Scores are scaled, masked and soft-maxed in float32 or wider, as the
-        explicit path does; the probabilities meet ``values`` in ``dtype``.
-        Returns ``out`` ``(B, n, H, D)`` and the pre-dropout ``probs``
-        ``(B, H, n, p+n)``.
-        """
-        n, end = q.shape[2], keys.shape[2]
-        probs_dtype = torch.promote_types(dtype, torch.float32)
-        scores = q @ keys.transpose(-2, -1)  # (B, H, n, p+n)
-        scores = scores.to(probs_dtype).mul_(1.0 / math.sqrt(self.head_dim))  # (B, H, n, p+n)
-        if n > 1:  # a single query at p sees every filled row [0, p]: nothing to mask
-            visible = self.mask[:, :, p:end, :end]  # (1, 1, n, p+n) view of the tril buffer
-            scores = scores.masked_fill_(~visible, torch.finfo(probs_dtype).min)  # (B, H, n, p+n)
-        probs = torch.softmax(scores, dim=-1)  # (B, H, n, p+n)
-        out = self.attn_dropout(probs).to(dtype) @ values  # (B, H, n, D)
-        return out.transpose(1, 2), probs  # (B, n, H, D), (B, H, n, p+n)
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__(cfg)
+        self.kv_cache = None
 
 
-# --- the in-place switch ---------------------------------------------------------
-
-
-def _switchable(module: nn.Module) -> bool:
-    cls = type(module)
-    return cls in (CausalSelfAttention, KVCacheAttention) or (
-        (cls.__module__, cls.__qualname__) == _FAST_CLASS
-    )
+def _check_max_len(value: object, high: int) -> int:
+    """``max_len``: an int (not a bool) in ``[1, high]``; the KVCache checks every size too."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= high:
+        raise InputError(f"max_len must be an int in [1, cfg.T = {high}], got {value!r}")
+    return value
 
 
 def _attention_modules(model: nn.Module) -> list[CausalSelfAttention]:
     """Every attention module inside ``model``, in ``model.modules()`` order.
 
-    Raises ``InputError`` (a ``TypeError``) for a subclass of
-    ``CausalSelfAttention`` whose math the switch does not know.
+    A module must run the one attention's ``forward`` (the attention stage's
+    class or a subclass that keeps it): only that forward reads the cache.
+    Raises ``InputError`` (a ``TypeError``) naming any other.
     """
     if not isinstance(model, nn.Module):
         raise InputError(f"model must be an nn.Module, got {type(model).__name__}")
     found: list[CausalSelfAttention] = []
     for name, module in model.named_modules():
         if isinstance(module, CausalSelfAttention):
-            if not _switchable(module):
+            if type(module).forward is not CausalSelfAttention.forward:
                 raise InputError(
-                    f"{name or 'model'} is a {type(module).__qualname__}; the KV cache "
-                    "switches only CausalSelfAttention, FastCausalSelfAttention and "
-                    "KVCacheAttention"
+                    f"{name or 'model'} is a {type(module).__name__} with a forward of its "
+                    "own; the KV cache needs the attention stage's forward"
                 )
             found.append(module)
     return found
 
 
-def use_kv_cache(model: nn.Module, batch_size: int) -> list[KVCache]:
-    """Switch every attention module inside ``model`` to ``KVCacheAttention``, in place.
+def use_kv_cache(model: nn.Module, batch_size: int, *, max_len: int | None = None) -> list[KVCache]:
+    """Set up a fresh zero-filled ``KVCache`` on every attention module inside ``model``.
 
     ``model`` is a ``GPT``, a ``Block``, an attention module or any tree of
-    them. Each explicit, fast-path or already cached attention module gets a
-    fresh zero-filled ``KVCache(batch_size, H, cfg.T, D)`` in its parameters'
-    dtype and device; only its class and ``kv_cache`` change (the same object,
-    parameters, buffers, hooks and training flag), so calling it again resets.
+    them. Each module gets ``KVCache(batch_size, H, max_len, D)`` (``max_len``
+    defaults to its ``cfg.T``) in its parameters' dtype and device as its
+    ``kv_cache``; nothing else changes (the same objects, classes, parameters,
+    buffers, hooks and training flag). Calling it again is a reset.
 
     Returns:
         The caches, in ``model.modules()`` order (layer order for a ``GPT``).
 
     Raises:
         InputError (a ``TypeError``), before anything changes: ``model`` holds
-            another subclass of ``CausalSelfAttention`` or no attention module
-            at all, or ``batch_size`` is not a positive int.
+            an attention module with a forward of its own or none at all, or
+            ``batch_size``/``max_len`` is not an int in ``[1, cfg.T]``.
     """
     modules = _attention_modules(model)
     if not modules:
         raise InputError(f"{type(model).__name__} holds no attention module to cache")
-    _positive_int(batch_size, "batch_size")
+    for m in modules:
+        _check_max_len(m.cfg.T if max_len is None else max_len, m.cfg.T)
     caches = [
         KVCache(
             batch_size,
             m.n_head,
-            m.cfg.T,
+            m.cfg.T if max_len is None else max_len,
             m.head_dim,
             dtype=m.qkv.weight.dtype,
             device=m.qkv.weight.device,
         )
         for m in modules
-    ]  # all allocated before any module changes
+    ]  # all allocated (the KVCache checks batch_size) before any module changes
     for module, cache in zip(modules, caches, strict=True):
-        base = type(module)
-        module.__class__ = KVCacheAttention
-        switched = cast(KVCacheAttention, module)
-        if base is not KVCacheAttention:
-            switched._remember_base(base)
-        switched.kv_cache = cache
+        module.kv_cache = cache
     return caches
 
 
-def _uncache(module: KVCacheAttention) -> None:
-    """Detach the cache; a switched module gets its previous class back."""
-    base = getattr(module, "_kv_cache_base", None)
-    module.kv_cache = None
-    if base is not None:
-        del module.kv_cache, module._kv_cache_base  # leave no trace of the switch
-        module.__class__ = base
+def _drop(module: CausalSelfAttention) -> None:
+    """Take the cache away; a ``KVCacheAttention`` keeps its empty slot."""
+    if isinstance(module, KVCacheAttention):
+        module.kv_cache = None
+    elif getattr(module, "kv_cache", None) is not None:
+        del module.kv_cache  # leave no trace of the set-up
 
 
 def drop_kv_cache(model: nn.Module) -> nn.Module:
-    """Undo ``use_kv_cache`` in place and return ``model``.
-
-    Every cache is detached; each switched module gets back the class it had
-    before its first ``use_kv_cache`` (explicit or fast path), and a
-    ``KVCacheAttention`` built directly keeps its class.
+    """Undo ``use_kv_cache`` in place and return ``model``: every module loses its cache.
 
     Raises:
         InputError: ``model`` is not an ``nn.Module``.
@@ -340,33 +135,31 @@ def drop_kv_cache(model: nn.Module) -> nn.Module:
     if not isinstance(model, nn.Module):
         raise InputError(f"model must be an nn.Module, got {type(model).__name__}")
     for module in model.modules():
-        if isinstance(module, KVCacheAttention):
-            _uncache(module)
+        if isinstance(module, CausalSelfAttention):
+            _drop(module)
     return model
 
 
 # --- generate -------------------------------------------------------------------------
 
-_Saved = tuple[CausalSelfAttention, type, "KVCache | None"]
+_Saved = list[tuple[CausalSelfAttention, "KVCache | None"]]
 
 
-def _save(model: nn.Module) -> list[_Saved]:
-    """Each attention module with its class and attached cache."""
+def _save(model: nn.Module) -> _Saved:
+    """Each attention module with the cache the caller had set up on it (or None)."""
     return [
-        (m, type(m), getattr(m, "kv_cache", None))
+        (m, getattr(m, "kv_cache", None))
         for m in model.modules()
         if isinstance(m, CausalSelfAttention)
     ]
 
 
-def _restore(saved: list[_Saved]) -> None:
-    """Put every attention module back as ``_save`` found it."""
-    for module, cls, cache in saved:
-        if isinstance(module, KVCacheAttention):
-            if cls is KVCacheAttention:
-                module.kv_cache = cache  # switched before generate: the caller's cache
-            else:
-                _uncache(module)  # switched by generate: its own class back
+def _restore(saved: _Saved) -> None:
+    """Give every attention module back the cache it had (or none)."""
+    for module, cache in saved:
+        _drop(module)
+        if cache is not None:
+            module.kv_cache = cache
 
 
 def _step(
@@ -390,7 +183,7 @@ def _decode(
     generator: torch.Generator | None,
     trace_layer: int | None,
 ) -> list[torch.Tensor]:
-    """Fill ``ids[:, t:]`` of ``(B, t + new)`` ids on a switched model; return the traces."""
+    """Fill ``ids[:, t:]`` of ``(B, t + new)`` ids on a model with caches; return the traces."""
     temperature, top_k, top_p = knobs
     traces: list[torch.Tensor] = []
     finished = torch.zeros_like(ids[:, 0], dtype=torch.bool)  # (B,)
@@ -426,14 +219,15 @@ def generate(
     """Continue ``prompt_ids`` by ``max_new_tokens`` tokens through per-layer KV caches.
 
     Step 0 is the prefill (one forward of the whole prompt), every later step
-    one forward of the previous token alone; the caches (``B`` rows, ``cfg.T``
-    positions) are allocated once, before the prefill. Runs under
-    ``torch.no_grad`` in the mode the model is in (``.eval()`` for
-    deterministic logits) and hands the model back as it found it (classes,
-    attached caches, training flags, weights), on return or on an error.
+    one forward of the previous token alone; the caches (``B`` rows,
+    ``t + max_new_tokens`` positions) are set up once, before the prefill, and
+    dropped after. Runs under ``torch.no_grad`` in the mode the model is in
+    (``.eval()`` for deterministic logits) and hands the model back as it found
+    it (caches set up by the caller, training flags, weights), on return or on
+    an error.
 
     Args:
-        model: a ``GPT``, explicit or fast path, switched to a cache or not.
+        model: a ``GPT`` whose attention is the attention stage's (any kernel).
         prompt_ids: ``(B, t)`` int64 ids in ``[0, V)`` on the model's device.
         max_new_tokens: ``>= 0`` with ``t + max_new_tokens <= cfg.T``.
         temperature, top_k, top_p: as in ``filter_logits``. At temperature 0 a
@@ -452,7 +246,7 @@ def generate(
 
     Raises:
         InputError: any argument out of its range, before any forward and
-            before the model is switched.
+            before any cache is set up.
     """
     knobs = (temperature, top_k, top_p)
     check_generate_args(model, prompt_ids, max_new_tokens, knobs, eos_id, generator, trace_layer)
@@ -464,7 +258,7 @@ def generate(
         saved = _save(model)
         try:
             with torch.no_grad():
-                use_kv_cache(model, B)
+                use_kv_cache(model, B, max_len=t + max_new_tokens)
                 traces = _decode(model, ids, t, knobs, eos_id, generator, trace_layer)
         finally:
             _restore(saved)
