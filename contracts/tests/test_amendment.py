@@ -262,6 +262,16 @@ def test_classify_reads_levels_from_data_not_text() -> None:
     moved = {**retarget, "find": "c", "replace": "d"}
     assert worst(classify({"mutants": [retarget]}, {"mutants": [moved]})) == "KEPT"
     assert worst(classify({"mutants": [retarget]}, {"mutants": []})) == "BREAKING"
+    init = {"object": "m:C", "kind": "class", "methods": {"__init__": "(self, n: int)"}}
+    typed = {**init, "methods": {"__init__": "(self, n: int) -> None"}}
+    assert classify({"api": [init]}, {"api": [typed]}) == []  # __init__ returns None either way
+    other = {**init, "methods": {"run": "(self)"}}
+    assert (
+        worst(
+            classify({"api": [other]}, {"api": [{**other, "methods": {"run": "(self) -> None"}}]})
+        )
+        == "BREAKING"
+    )
 
 
 def test_evidence_compares_definitions_not_bytes() -> None:

@@ -72,9 +72,8 @@ def _owner(path: str, specs: Mapping[str, Spec]) -> tuple[str | None, str]:
 
 def _summary(level: str, declared: bool, before: str, after: str, changes: list[Change]) -> str:
     label = f"{level} (declared break)" if declared and level != "BREAKING" else level
-    shown = [c.what for c in changes if c.level != "KEPT"][:SHOWN] or [
-        c.what for c in changes[:SHOWN]
-    ]
+    rank = {"BREAKING": 0, "ADDITIVE": 1, "KEPT": 2}  # what decided the level first
+    shown = [c.what for c in sorted(changes, key=lambda c: rank[c.level])][:SHOWN]
     more = len(changes) - len(shown)
     text = f"{label} {before} -> {after}"
     if shown:

@@ -94,7 +94,8 @@ def _signature(where: str, base: str, head: str) -> list[Change]:
             out.append(Change("ADDITIVE", f"{where}: +keyword {name}"))
         else:
             out.append(Change("BREAKING", f"{where}: +{name}, positional or without a default"))
-    if b["return"] != h["return"]:
+    init = where.endswith(".__init__")  # no annotation on __init__ means -> None
+    if (b["return"] or ("None" if init else None)) != (h["return"] or ("None" if init else None)):
         out.append(Change("BREAKING", f"{where}: return changed"))
     return out
 
