@@ -1,22 +1,17 @@
 """Generation through per-layer KV caches: prefill once, then one token a step.
 
-Shape notation::
-
-    B: batch, t: prompt length, n: tokens in one cached call, p: cache length
-    before the call, H: heads, D = C // H head dim, T = cfg.T, V: vocabulary
-
-The attention stage reads and appends a ``KVCache`` set up as an attention
-module's ``kv_cache`` (attention 1.1). This stage sets caches up on a model
-and drops them again, the way gpt-fast's and torchtune's ``setup_caches`` do:
-``use_kv_cache`` gives every attention module of a model a fresh cache, after
-which the model's own ``forward`` and ``forward_with_attn_trace`` are the
-cached step (a call on ``n`` tokens computes positions ``p .. p+n-1``);
-``drop_kv_cache`` takes them away. No module changes class, and no attention
-maths is written here: ``generate`` is a prefill and one single-token forward
-a token, on caches sized to what the call needs (prompt + new tokens).
+Shapes: B batch, t prompt length, n tokens in one cached call, p cache length
+before it, H heads, D = C // H, T = cfg.T, V vocabulary. The attention stage
+reads and appends a ``KVCache`` set up as a module's ``kv_cache``; this stage
+sets caches up on a model and drops them, as gpt-fast's and torchtune's
+``setup_caches`` do. Once set up, the model's own ``forward`` is the cached
+step (positions ``p .. p+n-1``). No module changes class and no attention maths
+is written here; ``generate`` sizes its caches to prompt + new tokens.
 """
 
 from __future__ import annotations
+
+from typing import cast
 
 import torch
 from torch import nn
@@ -33,17 +28,14 @@ __all__ = [
     "drop_kv_cache",
     "filter_logits",
     "generate",
+    "generate_until_eos",
     "use_kv_cache",
 ]
 
 
 class KVCacheAttention(CausalSelfAttention):
-    """``CausalSelfAttention`` built with an empty cache slot (``kv_cache is None``).
-
-    The one attention reads and appends whatever ``KVCache`` is set as its
-    ``kv_cache``; this class only starts with the attribute there. Same
-    constructor, forward, parameters, buffers and ``state_dict`` as the parent.
-    """
+    """``CausalSelfAttention`` built with an empty cache slot (``kv_cache is None``); its
+    forward, parameters, buffers and ``state_dict`` are the parent's."""
 
     kv_cache: KVCache | None
 
@@ -60,12 +52,8 @@ def _check_max_len(value: object, high: int) -> int:
 
 
 def _attention_modules(model: nn.Module) -> list[CausalSelfAttention]:
-    """Every attention module inside ``model``, in ``model.modules()`` order.
-
-    A module must run the one attention's ``forward`` (the attention stage's
-    class or a subclass that keeps it): only that forward reads the cache.
-    Raises ``InputError`` (a ``TypeError``) naming any other.
-    """
+    """Every attention module inside ``model``, in ``model.modules()`` order; each must run
+    the one attention's ``forward`` (only that reads the cache), else ``InputError``."""
     if not isinstance(model, nn.Module):
         raise InputError(f"model must be an nn.Module, got {type(model).__name__}")
     found: list[CausalSelfAttention] = []
@@ -221,22 +209,21 @@ def generate(
     Step 0 is the prefill (one forward of the whole prompt), every later step
     one forward of the previous token alone; the caches (``B`` rows,
     ``t + max_new_tokens`` positions) are set up once, before the prefill, and
-    dropped after. Runs under ``torch.no_grad`` in the mode the model is in
-    (``.eval()`` for deterministic logits) and hands the model back as it found
-    it (caches set up by the caller, training flags, weights), on return or on
-    an error.
+    dropped after. Runs under ``torch.no_grad`` in the model's mode and hands
+    the model back as it found it (the caller's caches, training flags,
+    weights), on return or on an error.
 
     Args:
         model: a ``GPT`` whose attention is the attention stage's (any kernel).
         prompt_ids: ``(B, t)`` int64 ids in ``[0, V)`` on the model's device.
         max_new_tokens: ``>= 0`` with ``t + max_new_tokens <= cfg.T``.
-        temperature, top_k, top_p: as in ``filter_logits``. At temperature 0 a
-            token is the argmax and ``generator`` is not used; otherwise one
-            ``torch.multinomial`` draw a step over all rows (finished ones too).
-        eos_id: a row that generates it is finished: it keeps the eos and holds
-            ``eos_id`` at every later position (and is fed it). Generation
-            stops when every row has finished. Prompt tokens do not count.
-        generator: a ``torch.Generator`` on the model's device for the draws.
+        temperature, top_k, top_p: as in ``filter_logits``, applied in float32
+            (float64 in a float64 model). Temperature 0 is the argmax and draws
+            nothing; otherwise one ``torch.multinomial`` draw a step over all
+            rows (finished ones too) from ``generator`` (the global one if None).
+        eos_id: a row that generates it is finished: it holds ``eos_id`` from
+            then on (and is fed it); generation stops once every row has.
+            Prompt tokens do not count.
         trace_layer: also return, per step ``i``, the ``(B, H, t + i)``
             ``attn_row`` of that layer, as ``forward_with_attn_trace`` gives it.
 
@@ -265,3 +252,48 @@ def generate(
     if trace_layer is None:
         return ids
     return ids, traces
+
+
+def generate_until_eos(
+    model: GPT,
+    prompt_ids: torch.Tensor,
+    max_new_tokens: int,
+    *,
+    eos_id: int,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``generate`` with Hugging Face's result: stop once every row has produced ``eos_id``.
+
+    The tokens are ``generate``'s with the same arguments. Returns ``(ids,
+    lengths)``: ``ids`` ``(B, t + n)``, cut after the ``n <= max_new_tokens``
+    steps that ran (rows padded with ``eos_id`` after their eos, as
+    ``generate`` pads them); ``lengths`` ``(B,)`` int64, each row's prompt plus
+    generated tokens up to and including its first ``eos_id``
+    (``t + max_new_tokens`` without one). Raises ``InputError``, before any
+    forward, for an ``eos_id`` that is not an int and for what ``generate``
+    refuses.
+    """
+    if isinstance(eos_id, bool) or not isinstance(eos_id, int):
+        raise InputError(f"eos_id must be a token id (an int), got {eos_id!r}")
+    ids = generate(
+        model,
+        prompt_ids,
+        max_new_tokens,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        eos_id=eos_id,
+        generator=generator,
+    )
+    ids = cast(torch.Tensor, ids)  # no trace_layer: the ids alone
+    t = prompt_ids.shape[1]
+    if ids.shape[1] == t:  # nothing asked for
+        return ids, torch.full_like(ids[:, 0], t)  # (B,)
+    ended = ids[:, t:] == eos_id  # (B, new)
+    made = torch.where(ended.any(-1), ended.int().argmax(-1) + 1, ended.shape[1])  # (B,)
+    lengths = t + made  # (B,) int64
+    n = int(made.max())  # one host sync: the steps that ran
+    return ids[:, : t + n].clone(), lengths
