@@ -172,13 +172,16 @@ def _choose(
     """The next token of every row from its ``(B, V)`` logits, as ``kv_cache`` chooses.
 
     Temperature 0: the argmax, no draw. Otherwise the softmax of
-    ``kv_cache.filter_logits``, sampled by one ``torch.multinomial`` call over
-    all rows, or with a generator list one call a row, in row order, written
-    into ``draws`` ``(B,)``. Finished rows are drawn too.
+    ``kv_cache.filter_logits`` in float32 (float64 stays), sampled by one
+    ``torch.multinomial`` call over all rows, or with a generator list one
+    call a row, in row order, written into ``draws`` ``(B,)``. Finished rows
+    are drawn too.
     """
     temperature, top_k, top_p = knobs
     if temperature == 0:
         return logits.argmax(dim=-1)  # (B,)
+    # float32 whatever the model's dtype: a half model's logits / 1e-4 overflow in half
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # (B, V)
     filtered = kv_cache.filter_logits(logits, temperature=temperature, top_k=top_k, top_p=top_p)
     probs = torch.softmax(filtered, dim=-1)  # (B, V)
     if generator is None or isinstance(generator, torch.Generator):
