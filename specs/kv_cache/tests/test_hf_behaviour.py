@@ -58,6 +58,25 @@ def test_a_float16_model_samples_at_any_temperature(
 
 
 @pytest.mark.invariant("kv_cache.float32_sampling")
+def test_float16_logits_that_would_overflow_still_sample(
+    device: torch.device, randomise: Randomise
+) -> None:
+    """2.4: logits of some tens, divided by 1e-4, pass float16's largest finite value."""
+    model = GPT(CFG)
+    randomise(model, 3)
+    with torch.no_grad():
+        model.ln_f.weight.mul_(10.0)
+    model = model.to(device=device, dtype=torch.float16).eval()
+    prompt = _prompt(3, 4, 1, device)  # (3, 4)
+    with torch.no_grad():
+        assert model(prompt).abs().max() * 1e4 > torch.finfo(torch.float16).max
+    gen = torch.Generator(device=device).manual_seed(0)
+    ids = cast(torch.Tensor, generate(model, prompt, 9, temperature=1e-4, generator=gen))
+    greedy = cast(torch.Tensor, generate(model, prompt, 9, temperature=0))
+    assert ids.shape == (3, 13) and torch.equal(ids[:, 4], greedy[:, 4])
+
+
+@pytest.mark.invariant("kv_cache.float32_sampling")
 def test_the_draw_is_from_float32_probabilities(
     device: torch.device, randomise: Randomise, monkeypatch: pytest.MonkeyPatch
 ) -> None:
