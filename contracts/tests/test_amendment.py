@@ -18,6 +18,7 @@ from gatekit import Repo, rules, valid_report
 from niels_gpt_contracts.checks.evidence_diff import compare_file
 from niels_gpt_contracts.checks.spec_diff import classify, worst
 from niels_gpt_contracts.cli import main
+from niels_gpt_contracts.spec import import_name
 
 ALPHA = "specs/alpha.toml"
 SIG = "(x: list[float], *, turns: int = 1, label: str | None = None) -> list[float]"
@@ -248,6 +249,44 @@ def test_contracts_pr_gives_the_same_amendment_verdict(repo: Repo) -> None:
     assert _row(payload)["summary"] == "ADDITIVE 1.0.0 -> 1.1.0: ngx.alpha_mod export +spin"
 
 
+def test_a_module_moved_into_a_package_of_its_own_is_additive(repo: Repo) -> None:
+    """PEP 561 per stage: the module becomes ``ngx/alpha_mod/__init__.py`` with its own
+    ``py.typed``, content unchanged; the spec lists the new path (a minor bump)."""
+    repo.git("mv", "packages/alpha/src/ngx/alpha_mod.py", "packages/alpha/src/ngx/alpha_mod.tmp")
+    repo.root.joinpath("packages/alpha/src/ngx/alpha_mod").mkdir()
+    repo.git(
+        "mv", "packages/alpha/src/ngx/alpha_mod.tmp", "packages/alpha/src/ngx/alpha_mod/__init__.py"
+    )
+    repo.write("packages/alpha/src/ngx/alpha_mod/py.typed", "")
+    _amend(
+        repo, 'modules = ["ngx/alpha_mod.py"]', 'modules = ["ngx/alpha_mod/__init__.py"]', "1.1.0"
+    )
+    code, out = _judge(repo)
+    assert code == 0, out
+    assert _row(out)["summary"].startswith(
+        "ADDITIVE 1.0.0 -> 1.1.0: module +ngx/alpha_mod/__init__.py"
+    )
+    code, out = repo.gate_json("--no-api")  # the tree: the moved module is owned, imports resolve
+    assert code == 0, out["violations"]
+
+
+def test_a_move_that_edits_the_code_is_not_an_amendment(repo: Repo) -> None:
+    repo.root.joinpath("packages/alpha/src/ngx/alpha_mod").mkdir()
+    repo.git(
+        "mv", "packages/alpha/src/ngx/alpha_mod.py", "packages/alpha/src/ngx/alpha_mod/__init__.py"
+    )
+    repo.replace("packages/alpha/src/ngx/alpha_mod/__init__.py", "n = turns % len(x)", "n = 0")
+    repo.write("packages/alpha/src/ngx/alpha_mod/py.typed", "not empty\n")
+    _amend(
+        repo, 'modules = ["ngx/alpha_mod.py"]', 'modules = ["ngx/alpha_mod/__init__.py"]', "1.1.0"
+    )
+    code, out = _judge(repo)
+    assert code == 1
+    found = rules(out)
+    assert ("amendment.path", "packages/alpha/src/ngx/alpha_mod/__init__.py") in found
+    assert ("amendment.path", "packages/alpha/src/ngx/alpha_mod/py.typed") in found
+
+
 # --- the classifiers on their own -----------------------------------------------------
 
 
@@ -286,3 +325,9 @@ def test_evidence_compares_definitions_not_bytes() -> None:
     assert worst(compare_file("t.py", imports, "from m import a, b\nimport x, y\n")) == "ADDITIVE"
     assert worst(compare_file("t.py", imports, "from m import b\nimport x\n")) == "BREAKING"
     assert worst(compare_file("t.py", base, "def (")) == "BREAKING"
+
+
+def test_a_module_and_a_package_of_its_own_have_one_import_name() -> None:
+    assert import_name("niels_gpt/model/rope.py") == "niels_gpt.model.rope"
+    assert import_name("niels_gpt/model/rope/__init__.py") == "niels_gpt.model.rope"
+    assert import_name("niels_gpt/model/_x/__init__.py") == "niels_gpt.model._x"

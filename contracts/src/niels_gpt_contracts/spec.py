@@ -47,6 +47,13 @@ META_PATTERNS: tuple[str, ...] = (
 )
 
 
+def import_name(module_path: str) -> str:
+    """The dotted name a module file is imported as: ``niels_gpt/model/rope.py`` and
+    ``niels_gpt/model/rope/__init__.py`` (a package of its own) are both
+    ``niels_gpt.model.rope``."""
+    return module_path.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
+
+
 def compile_patterns(patterns: list[str] | tuple[str, ...]) -> pathspec.GitIgnoreSpec:
     """gitignore-style patterns as a matcher (pathspec does the matching)."""
     return pathspec.GitIgnoreSpec.from_lines(list(patterns))

@@ -16,7 +16,9 @@ tests. The change is the worst level found:
 A major bump with a ``Spec-Break:`` trailer declares a break the data cannot
 show (a behaviour described in a comment). The range may touch nothing but
 the named stages' ``specs/<stage>.toml`` and ``specs/<stage>/``, plus
-``packages/<stage>/tests/`` of a declared break: a contributor cannot pass
+``packages/<stage>/tests/`` of a declared break, and under their ``src/``
+only moves that change no code (a file renamed with its content unchanged,
+an empty ``py.typed`` marker added or removed): a contributor cannot pass
 code off as an amendment, and the schema is the checker's, not a stage's.
 The head's specs are validated with the base's schema. Who may amend is
 decided outside the gate (review of ``specs/``); the gate judges what.
@@ -139,14 +141,37 @@ class _Judge:
         return [*rows, Outcome(stage, "amendment", BROKEN if found else KEPT, summary, found)]
 
 
+def _moves(j: _Judge, changes: list[PathChange], named: set[str]) -> set[str]:
+    """Paths under a named stage's ``src/`` that change no code: a file renamed with its
+    content unchanged (a module that becomes a package of its own), and an empty
+    ``py.typed`` marker added or removed (PEP 561)."""
+    srcs = tuple(f"{j.specs[s].src}/" for s in named if s in j.specs)
+    out: set[str] = set()
+    for c in changes:
+        if not all(p.startswith(srcs) for p in c.paths()):
+            continue
+        if c.status == "R" and c.old_path is not None:
+            same = j.before.read(c.old_path) == j.after.read(c.path) is not None
+            if same and c.old_path.split("/", 2)[:2] == c.path.split("/", 2)[:2]:
+                out |= {c.old_path, c.path}  # within one package, content unchanged
+        elif c.path.endswith("/py.typed") and c.status in ("A", "D"):
+            side = j.after if c.status == "A" else j.before
+            if side.read(c.path) == "":
+                out.add(c.path)
+    return out
+
+
 def _paths(
     j: _Judge, changes: list[PathChange], named: set[str], declared: set[str]
 ) -> tuple[list[Violation], dict[str, list[str]]]:
     """Path violations of the range, and each named stage's touched evidence files."""
     loose: list[Violation] = []
     touched: dict[str, list[str]] = {s: [] for s in named}
+    moves = _moves(j, changes, named)
     for path in sorted({p for c in changes for p in c.paths()}):
         stage, part = _owner(path, j.specs)
+        if path in moves:
+            continue  # a named stage's module moved as it is, or an empty py.typed marker
         if stage is not None and part != "other" and stage not in named:
             why = f"changes stage {stage!r}'s contract without a 'Spec: {stage}' trailer"
             loose.append(_v("amendment.trailer", path, why))
