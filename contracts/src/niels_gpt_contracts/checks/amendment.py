@@ -152,7 +152,10 @@ def _moves(j: _Judge, changes: list[PathChange], named: set[str]) -> set[str]:
             continue
         if c.status == "R" and c.old_path is not None:
             same = j.before.read(c.old_path) == j.after.read(c.path) is not None
-            if same and c.old_path.split("/", 2)[:2] == c.path.split("/", 2)[:2]:
+            markers = c.old_path.endswith("/py.typed") and c.path.endswith("/py.typed")
+            if same and (markers and j.after.read(c.path) == ""):
+                out |= {c.old_path, c.path}  # git pairs empty markers across packages
+            elif same and c.old_path.split("/", 2)[:2] == c.path.split("/", 2)[:2]:
                 out |= {c.old_path, c.path}  # within one package, content unchanged
         elif c.path.endswith("/py.typed") and c.status in ("A", "D"):
             side = j.after if c.status == "A" else j.before
