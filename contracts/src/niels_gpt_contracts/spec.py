@@ -127,6 +127,7 @@ class Spec:
     id: str
     path: str
     title: str
+    version: str | None  # MAJOR.MINOR.PATCH (schema 3); None in a schema-2 spec
     package: str
     distribution: str
     depends_on: tuple[str, ...]
@@ -306,6 +307,7 @@ def parse_spec(path: str, text: str, schema: Mapping[str, Any]) -> Spec:
         id=data["id"],
         path=path,
         title=data["title"],
+        version=data.get("version"),
         package=data["package"],
         distribution=data["distribution"],
         depends_on=tuple(data.get("depends_on", [])),

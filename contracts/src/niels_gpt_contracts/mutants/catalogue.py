@@ -41,6 +41,7 @@ class Mutant:
     occurrence: int | None
     spec_path: str
     line: int | None
+    retarget: bool = False  # marked by an amendment: its stage PR rewrites the code it patches
 
     @property
     def name(self) -> str:
@@ -132,6 +133,7 @@ def catalogue(spec: Spec, spec_text: str | None = None) -> list[Mutant]:
                 occurrence=int(occurrence) if occurrence is not None else None,
                 spec_path=spec.path,
                 line=line,
+                retarget=bool(entry.get("retarget", False)),
             )
         )
     if errors:
