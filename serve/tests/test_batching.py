@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import torch
 
+from niels_gpt.model.attention import CausalSelfAttention
 from niels_gpt.model.gpt import GPT
 from niels_gpt.model.kv_cache import generate as stage_generate
 from niels_gpt_serve.app import Served
@@ -226,3 +227,19 @@ def test_calls_run_between_steps_on_the_worker_thread(batcher: Batcher) -> None:
     boom = batcher.call(lambda: 1 / 0)
     with pytest.raises(ZeroDivisionError):
         boom.result(timeout=30)
+
+
+def test_the_cached_engine_hands_the_model_back_as_it_found_it(served: Served) -> None:
+    """No hook and no cache stays on the model after a call, returned or raised."""
+    modules = [m for m in served.model.modules() if isinstance(m, CausalSelfAttention)]
+
+    def untouched() -> bool:
+        return all(not m._forward_pre_hooks and getattr(m, "kv_cache", None) is None
+                   for m in modules)  # fmt: skip
+
+    engine = CachedEngine(served.model)
+    engine.next_logits([Seq(0, b"ab"), Seq(1, b"c")])
+    assert untouched()
+    with pytest.raises(AssertionError, match=r"cfg\.T"):  # InputError: longer than T
+        engine.next_logits([Seq(2, bytes(served.config.T + 1))])
+    assert untouched()

@@ -9,8 +9,9 @@ Shape notation::
 Built on the attention stage's public API (1.1): ``KVCache``, the
 ``kv_cache`` attribute a caller sets on each ``CausalSelfAttention``, and the
 forward's ``positions`` and ``key_mask``. The model's own ``forward`` runs
-unchanged; a forward pre-hook on each attention module adds the call's
-positions and key mask to its keyword arguments. Every row is right-aligned in
+unchanged; for the length of a call, a forward pre-hook on each attention
+module adds the call's positions and key mask to its keyword arguments (the
+hooks and caches are taken off again after every call). Every row is right-aligned in
 one frame: row ``r``'s tokens sit at columns ``[pad_r, p)``, its positions
 count from 0 at its first token, and the key mask hides its pads, so its
 logits are those of the row alone.
@@ -65,19 +66,14 @@ class CachedEngine:
         self.device = model.tok_emb.weight.device
         self.frame = _Frame([], [], [])
         self._call: dict[str, torch.Tensor] = {}
-        self._hooks = [
-            m.register_forward_pre_hook(self._with_call, with_kwargs=True) for m in self.modules
-        ]
 
     def close(self) -> None:
-        """Remove the hooks from the model."""
-        for hook in self._hooks:
-            hook.remove()
+        """Nothing to give back: the model holds no hook or cache between calls."""
 
     def _with_call(
         self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
-        return (args, {**kwargs, **self._call}) if self._call else None
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        return args, {**kwargs, **self._call}
 
     def _caches(self, rows: int) -> list[KVCache]:
         return [
@@ -95,16 +91,20 @@ class CachedEngine:
         cols = torch.arange(p + n, device=self.device)  # (p + n,) key columns
         positions = (cols[None, p:] - pads[:, None]).clamp(min=0)  # (R, n)
         key_mask = cols[None, :] >= pads[:, None]  # (R, p + n): a row's pads are hidden
-        for module, cache in zip(self.modules, caches, strict=True):
-            module.kv_cache = cache
         self._call = {"positions": positions, "key_mask": key_mask}
+        hooks = []
         try:
+            for module, cache in zip(self.modules, caches, strict=True):
+                module.kv_cache = cache
+                hooks.append(module.register_forward_pre_hook(self._with_call, with_kwargs=True))
             with torch.no_grad():
                 logits: torch.Tensor = self.model(ids)  # (R, n, V)
-        finally:
-            self._call = {}
+        finally:  # the model as it was found: no hook, no cache
+            for hook in hooks:
+                hook.remove()
             for module in self.modules:
                 module.kv_cache = None
+            self._call = {}
         return logits[:, -1].float()  # (R, V)
 
     def _pads(self, frame: _Frame) -> torch.Tensor:
