@@ -37,6 +37,8 @@ from niels_gpt_serve.engine import Tokens
 
 __all__ = ["CachedEngine"]
 
+_ABSENT = object()  # a module without a kv_cache attribute
+
 
 class _Frame:
     """The running batch: each row's key and length, and one ``KVCache`` a layer."""
@@ -93,6 +95,7 @@ class CachedEngine:
         key_mask = cols[None, :] >= pads[:, None]  # (R, p + n): a row's pads are hidden
         self._call = {"positions": positions, "key_mask": key_mask}
         hooks = []
+        found = [m.__dict__.get("kv_cache", _ABSENT) for m in self.modules]
         try:
             for module, cache in zip(self.modules, caches, strict=True):
                 module.kv_cache = cache
@@ -102,8 +105,11 @@ class CachedEngine:
         finally:  # the model as it was found: no hook, no cache
             for hook in hooks:
                 hook.remove()
-            for module in self.modules:
-                module.kv_cache = None
+            for module, before in zip(self.modules, found, strict=True):
+                if before is _ABSENT:
+                    del module.kv_cache
+                else:
+                    module.kv_cache = before
             self._call = {}
         return logits[:, -1].float()  # (R, V)
 
