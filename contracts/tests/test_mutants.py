@@ -61,7 +61,8 @@ def test_claims_nothing_so_the_gate_never_runs_it():
 """
 
 SPEC = """\
-schema_version = 2
+schema_version = 3
+version = "1.0.0"
 id = "tiny"
 title = "Tiny stage"
 package = "packages/tiny"
@@ -249,3 +250,15 @@ def test_the_zygote_keeps_pythonpath_first_under_safe_path(tmp_path: Path) -> No
         check=False,
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+
+
+def test_a_mutant_marked_for_retargeting_fails_the_gate_unrun(tiny: Path) -> None:
+    """A ``retarget`` mark is for one PR's verdict: on a tree (main) it is a failure."""
+    spec = tiny / "specs/tiny.toml"
+    spec.write_text(SPEC + mutant("minus", "a + b", "a - b", retarget=True))
+    code, out = gate(tiny)
+    assert code == 1
+    assert statuses(out) == {"minus": ("pending", False)}
+    assert out["summary"] == "killed 0/1 (1 pending)" and out["clean"] == []
+    [violation] = out["violations"]
+    assert violation["rule"] == "mutant.pending" and "re-target it" in violation["message"]

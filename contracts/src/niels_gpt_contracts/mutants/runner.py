@@ -49,7 +49,11 @@ from niels_gpt_contracts.mutants.catalogue import (
 from niels_gpt_contracts.mutants.launcher import OVERLAY_MISSED, SERVER_DIED, Launcher, Run, TestEnv
 from niels_gpt_contracts.spec import Spec
 
-Status = Literal["killed", "survived", "stale", "error"]
+Status = Literal["killed", "survived", "stale", "error", "pending"]
+PENDING = (
+    "marked retarget = true by an amendment: re-target it at the new code (the same bug) "
+    "and remove the mark"
+)
 CACHE_FILE = ".mutants-cache.json"
 CACHE_VERSION = 1
 DEFAULT_TIMEOUT = 120.0
@@ -237,6 +241,7 @@ def plan_stage(
     read: Callable[[str], str | None],
     only: Sequence[str] = (),
     key_parts: Sequence[str] = (),
+    skip_retarget: bool = False,
 ) -> tuple[Plan, dict[str, str]]:
     """The plan of one stage and the cache key of each of its mutants.
 
@@ -245,6 +250,8 @@ def plan_stage(
     the rest of the code under test).
     """
     mutants = catalogue(spec, spec_text)
+    if skip_retarget:  # a PR verdict whose base marked them: NOT RUN there, never killed
+        mutants = [m for m in mutants if not m.retarget]
     if only:
         mutants = [m for m in mutants if m.name in only or m.id in only]
     if mutants and not tests:
@@ -322,6 +329,9 @@ def execute(
     todo: list[tuple[Mutant, str]] = []
     for p in plans:
         for m in p.mutants:
+            if m.retarget:  # main must never carry one: a known bug left unchecked
+                verdicts[m.name] = Verdict(m, "pending", PENDING)
+                continue
             cached = cache.kill(m.name, keys[m.name])
             if cached is not None:
                 verdicts[m.name] = Verdict(m, "killed", cached, cached=True)

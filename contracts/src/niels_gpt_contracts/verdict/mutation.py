@@ -28,7 +28,7 @@ from niels_gpt_contracts.mutants.runner import (
     plugin_source,
     preload_modules,
 )
-from niels_gpt_contracts.result import BROKEN, KEPT, Outcome, Violation
+from niels_gpt_contracts.result import BROKEN, KEPT, NOT_RUN, Outcome, Violation
 from niels_gpt_contracts.sandbox import processes
 from niels_gpt_contracts.sandbox.environment import Sandbox
 from niels_gpt_contracts.sandbox.pytest_run import PLUGINS
@@ -106,6 +106,7 @@ def run_mutants(
                 read,
                 (),
                 [plugin_source(), *config, *code],
+                skip_retarget=True,
             )
         except ConfigError as err:
             return Outcome(
@@ -118,7 +119,11 @@ def run_mutants(
         plans.append(one)
         keys.update(k)
         texts += [read(t) or "" for t in tests]
-    if not plans:
+    # Marked by the base's amendment (a PR cannot mark one): this PR rewrites their code.
+    pending = [f"{s.id}.{m['id']}" for s in p.closure for m in s.mutants if m.get("retarget")]
+    if not any(x.mutants for x in plans):
+        if pending:
+            return Outcome(stage, "mutants", NOT_RUN, _pending(pending))
         return Outcome(stage, "mutants", KEPT, "no mutants catalogued for the closure")
     say(f"mutants: {sum(len(x.mutants) for x in plans)} of {', '.join(x.stage for x in plans)}")
     opts = Options(repo=request.repo, jobs=request.jobs, progress=say)
@@ -144,4 +149,14 @@ def run_mutants(
         for v in report.violations(result)
     ]
     summary = report.summary(result)
-    return Outcome(stage, "mutants", BROKEN if found else KEPT, summary, found)
+    if pending:
+        summary += f"; {_pending(pending)}"
+    status = BROKEN if found else NOT_RUN if pending else KEPT
+    return Outcome(stage, "mutants", status, summary, found)
+
+
+def _pending(names: list[str]) -> str:
+    return (
+        f"{len(names)} NOT RUN, marked for re-targeting by the base's amendment "
+        f"(retarget = true): {', '.join(names)}"
+    )
