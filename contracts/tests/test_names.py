@@ -141,13 +141,15 @@ SWITCH = "def switch(m):\n    m.__class__ = alpha_mod.Thing\n"
 
 @pytest.mark.parametrize("on", [True, False], ids=["rule-on", "rule-off"])
 def test_an_in_place_class_switch_is_refused_where_the_spec_says_so(repo: Repo, on: bool) -> None:
-    """The rule kind no_class_switch: a spec switches the ban on for its stage."""
+    """A spec bans in-place class switches with a ``forbidden_name`` rule on ``__class__``
+    (as fastpath, kv_cache and padding do): assignment and ``setattr`` are both named."""
     if on:
         repo.git("checkout", "-q", "main")
         spec = repo.read("specs/beta.toml")
         rule = (
-            '\n[[rules]]\nid = "no-class-switch"\nkind = "no_class_switch"\n'
+            '\n[[rules]]\nid = "no-class-switch"\nkind = "forbidden_name"\n'
             'message = "beta switches no object\'s class"\nfiles = ["packages/beta/src/**/*.py"]\n'
+            'names = ["__class__"]\n'
         )
         repo.write(
             "specs/beta.toml", spec.replace("\n[[invariants]]", rule + "\n[[invariants]]", 1)

@@ -385,7 +385,6 @@ SPEC_RULE_KINDS: dict[str, str] = {
     "dependencies": "the package's [project].dependencies name exactly the allowed distributions",
     "forbidden_ops": "no listed ATen op (or, where the rule says so, no dtype or device "
     "change) is dispatched while the rule's driver runs the stage's code",
-    "no_class_switch": "no object's __class__ is assigned in the files (no in-place class switch)",
 }
 
 

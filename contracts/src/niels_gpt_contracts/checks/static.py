@@ -13,8 +13,6 @@ Kinds:
   method call matches ``methods`` and no plain call matches ``functions``.
 - ``dependencies``: ``[project].dependencies`` of ``pyproject`` names exactly
   the distributions in ``allowed``.
-- ``no_class_switch``: no ``__class__`` is assigned in the files
-  (``class_switch``).
 """
 
 from __future__ import annotations
@@ -27,7 +25,6 @@ import tomllib
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
-from niels_gpt_contracts.checks.class_switch import no_class_switch
 from niels_gpt_contracts.gitdiff import Tree
 from niels_gpt_contracts.result import Violation
 from niels_gpt_contracts.spec import Rule, Spec
@@ -280,7 +277,6 @@ _KINDS = {
     "forbidden_name": _forbidden_name,
     "forbidden_in_function": _forbidden_in_function,
     "dependencies": _dependencies,
-    "no_class_switch": no_class_switch,
 }
 
 
