@@ -323,6 +323,9 @@ def test_an_oracle_added_is_additive_and_one_taken_away_breaking() -> None:
     moved = {"driver": "specs/s/other.py:calls"}
     assert worst(classify({"oracle": driver}, {"oracle": moved})) == "BREAKING"
     assert classify({"oracle": ref}, {"oracle": dict(ref)}) == []
+    rule = {"id": "r", "kind": "forbidden_ops", "driver": "specs/s/d.py:f", "ops": ["aten::x"]}
+    assert worst(classify({"rules": [rule]}, {"rules": [{**rule, "tests": True}]})) == "ADDITIVE"
+    assert worst(classify({"rules": [{**rule, "tests": True}]}, {"rules": [rule]})) == "BREAKING"
 
 
 def test_evidence_compares_definitions_not_bytes() -> None:

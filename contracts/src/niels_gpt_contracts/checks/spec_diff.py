@@ -139,7 +139,7 @@ def _rule(rid: str, base: Mapping[str, Any], head: Mapping[str, Any]) -> list[Ch
             out += _sets(b or [], h or [], f"{where} {key}", "ADDITIVE", "BREAKING")
         elif key == "allowed":  # dependencies: more allowed is looser
             out += _sets(b or [], h or [], f"{where} {key}", "BREAKING", "ADDITIVE")
-        elif key in ("casts", "follow_local_calls"):
+        elif key in ("casts", "follow_local_calls", "tests"):  # switched on: stricter
             out.append(Change("ADDITIVE" if h and not b else "BREAKING", f"{where}: {key} {h}"))
         else:  # driver, module, function, pyproject: what the rule is about moved
             out.append(Change("BREAKING", f"{where}: {key} changed"))
