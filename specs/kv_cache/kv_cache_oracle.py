@@ -11,6 +11,8 @@ from the verdict's secret seed:
   (``drop_kv_cache`` first); the same for cached traces, one token a step;
 - ``generate`` in float64 (greedy, temperature, top-k, top-p, eos, a seeded
   generator, traces; explicit and fast-path models): the ids must be equal;
+  the first one always runs to the end of a 200-token context (every cache
+  length a decode step can have there);
 - ``filter_logits`` on drawn logits and knobs; ``KVCache`` itself; bad
   arguments, whose exception type must match the base's.
 
@@ -128,20 +130,27 @@ def _traces(o: Oracle) -> None:
 def _generate(o: Oracle) -> None:
     r = o.rng("generate")
     for i in range(6):
+        long = i == 0  # one generation to the end of a long context: every cache length
         cfg = ModelConfig(
-            V=r.choice((7, 64, 300)), T=r.choice((40, 200)), C=16, H=2, L=2, d_ff=32, dropout=0.1
+            V=r.choice((7, 64, 300)),
+            T=200 if long else r.choice((40, 200)),
+            C=16,
+            H=2,
+            L=2,
+            d_ff=32,
+            dropout=0.1,
         )
         gpt = _gpt(o, cfg, f"gen{i}-w", torch.float64)
         if i % 3 == 2:
             use_fast_attention(gpt)
-        b, t = r.randint(1, 3), r.randint(1, cfg.T // 2)
-        new = r.randint(0, cfg.T - t)
+        b, t = r.randint(1, 3), r.randint(1, cfg.T // (5 if long else 2))
+        new = cfg.T - t if long else r.randint(0, cfg.T - t)
         prompt = o.randint(cfg.V, b, t, tag=f"gen{i}-prompt")  # (B, t)
         knobs: dict[str, Any] = {
             "temperature": r.choice((0.0, 1.0, 0.7, 1e-4)),
             "top_k": r.choice((None, 1, 5)),
             "top_p": r.choice((None, 0.9, 0.3)),
-            "eos_id": r.choice((None, 0, 3)),
+            "eos_id": None if long else r.choice((None, 0, 3)),
             "generator": o.generator(f"gen{i}-draws"),
             "trace_layer": r.choice((None, 1)),
         }
