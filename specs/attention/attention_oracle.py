@@ -17,7 +17,9 @@ answers the checker compares with the same call on the base's code (or on
   dropout): changing later tokens (by a factor of 1000) leaves earlier
   outputs unchanged, rows of a batch are independent, probabilities put no
   weight above the diagonal;
-- bad inputs (wrong width, rank, length, dtype): the error type must match.
+- bad inputs (wrong width, rank, length, dtype): the error type must match;
+- the calls attention 1.1 added (``attention_oracle_v2.py``, named ``v2/``,
+  judged against the float64 reference): positions, key masks, a KV cache.
 
 Calls fall under the ``no-sdpa-runtime`` rule (their ATen ops are recorded
 and judged): every one but seven in eight of the float64 sweep.
@@ -25,7 +27,9 @@ and judged): every one but seven in eight of the float64 sweep.
 
 from __future__ import annotations
 
+import importlib.util
 from functools import partial
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -278,6 +282,16 @@ def _bad_inputs(o: Oracle) -> None:
         )
 
 
+def _v2() -> Any:
+    """``attention_oracle_v2.py`` beside this file: the calls attention 1.1 added."""
+    path = Path(__file__).with_name("attention_oracle_v2.py")
+    spec = importlib.util.spec_from_file_location("_attention_oracle_v2", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def calls(o: Oracle) -> None:
     """Every call of the attention stage's oracle."""
     _sweep(o)
@@ -285,3 +299,4 @@ def calls(o: Oracle) -> None:
         _one_config(o, i)
     _mixed(o)
     _bad_inputs(o)
+    _v2().calls(o)
