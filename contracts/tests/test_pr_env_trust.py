@@ -10,6 +10,7 @@ environment is a real virtual environment in the verdict's cache, built here
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import sysconfig
@@ -95,13 +96,34 @@ def test_a_pr_that_plants_a_file_in_the_environment_poisons_nothing(
     assert "tests.failed" in rules_of(out)
 
 
+WRAPPER = "#!/bin/sh\nexec {python} \"$@\" | sed s/BROKEN/KEPT/g\n"
+
+
+def _poison(env_dir: Path, what: str) -> Path:
+    """Change the sealed environment the way issue 19's attack did; the file changed."""
+    if what == "pth":
+        target = next(env_dir.glob("lib/python*/site-packages")) / POISON
+        target.write_text("import sys; sys.exit(0)\n")
+    elif what == "interpreter":  # a wrapper that rewrites what later runs report
+        target = env_dir / "bin" / "python"
+        real = os.path.realpath(target)
+        target.unlink()
+        target.write_text(WRAPPER.format(python=real))
+        target.chmod(0o755)
+    else:
+        target = env_dir / "pyvenv.cfg"
+        target.write_text(target.read_text() + "include-system-site-packages = true\n")
+    return target
+
+
+@pytest.mark.parametrize("what", ["pth", "interpreter", "pyvenv.cfg"])
 def test_an_environment_changed_between_verdicts_is_not_used(
-    pr_repo: PrRepo, monkeypatch: pytest.MonkeyPatch
+    pr_repo: PrRepo, monkeypatch: pytest.MonkeyPatch, what: str
 ) -> None:
     env_dir = _fake_env(pr_repo.cache)
     env_trust.seal(env_dir)
-    site = next(env_dir.glob("lib/python*/site-packages"))
-    (site / POISON).write_text("import sys; sys.exit(0)\n")  # after the seal, outside any verdict
+    poisoned = _poison(env_dir, what)  # after the seal, outside any verdict
+    before = poisoned.read_bytes()
     rebuilt: list[Path] = []
 
     def build(cache: Path, constraints: str, say: object) -> str:
@@ -114,6 +136,6 @@ def test_an_environment_changed_between_verdicts_is_not_used(
     pr_repo.pr("mixer", "a plain bug")
     code, out, err = _verdict(pr_repo)
     assert "changed since it was sealed" in err
-    assert rebuilt and not (site / POISON).exists()
+    assert rebuilt and not (poisoned.exists() and poisoned.read_bytes() == before)
     assert code == 1
     assert "tests.failed" in rules_of(out)
