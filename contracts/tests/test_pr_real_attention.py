@@ -12,11 +12,12 @@ from __future__ import annotations
 import pytest
 from realkit import RealRepo, rows, rules_of
 
-ATTN = "packages/attention/src/niels_gpt/model/attention.py"
+ATTN = "packages/attention/src/niels_gpt/model/attention/__init__.py"
 ATTN_TEST = "packages/attention/tests/test_attention.py"
 INIT_MASK = "        mask = torch.tril(torch.ones(cfg.T, cfg.T, dtype=torch.bool))  # (T, T)\n"
-VISIBLE = "            visible = self.mask[:, :, r0:r1, :r1]  # (1, 1, R, r1) view of the buffer\n"
-ATTEND = "        out, probs = self._attend(q, k, v, return_attn=return_attn)  # (B, T, H, D)\n"
+VISIBLE = "            visible = allowed[:, :, rows, :r1]  # (B or 1, 1, R, r1) view\n"
+ATTEND = "        out, probs = self._core(q, k, v, p, key_mask, return_attn, plain)  # (B, T, H, D)\n"
+ALL = '__all__ = ["AttentionKernel", "CausalSelfAttention", "KVCache", "rotate_rows"]\n'
 # A user's script: how far do outputs before position `cut` move when later tokens change?
 LEAK = """
 import torch
@@ -75,8 +76,8 @@ def test_forged_test_results_do_not_hide_the_leak(real_repo: RealRepo) -> None:
     real_repo.replace(ATTN, INIT_MASK, _mask_shifted_when("True"))
     real_repo.replace(
         ATTN,
-        '__all__ = ["CausalSelfAttention"]\n',
-        '__all__ = ["CausalSelfAttention"]\n\nfrom torch.serialization import sys\n\n'
+        ALL,
+        ALL + '\nfrom torch.serialization import sys\n\n'
         'if "_pytest.python" in sys.modules:\n'
         '    sys.modules["_pytest.python"].Function.runtest = lambda self: None\n',
     )
@@ -92,7 +93,7 @@ def test_a_leak_only_past_position_512_is_found(real_repo: RealRepo) -> None:
     """Rare input: query blocks from 512 on see one future token; no test goes that far."""
     real_repo.replace(
         ATTN, VISIBLE,
-        VISIBLE + "            if r0 >= 512:\n"
+        VISIBLE + "            if r0 >= 512 and key_mask is None:\n"
                   "                visible = self.mask[:, :, r0 + 1 : r1 + 1, :r1]\n",
     )  # fmt: skip
     real_repo.pr("attention")
@@ -104,6 +105,42 @@ def test_a_leak_only_past_position_512_is_found(real_repo: RealRepo) -> None:
     differs = [v for v in out["violations"] if v["rule"] == "oracle.differs"]
     assert differs and "attention: call sweep/" in differs[0]["message"]
 
+
+ALLOWED = "        allowed = self.mask[:, :, p:S, :S]  # (1, 1, T, S) view of the tril buffer\n"
+# A user's script: a context fed through the KV cache in chunks of 20, against one forward.
+CHUNKED = """
+import torch
+from niels_gpt.config import ModelConfig
+from niels_gpt.model.gpt import GPT
+from niels_gpt.model.kv_cache import drop_kv_cache, use_kv_cache
+gpt = GPT(ModelConfig(V=50, T=256, C=16, H=2, L=1, d_ff=32, dropout=0.0)).eval()
+ids = torch.randint(0, 50, (1, 200), generator=torch.Generator().manual_seed(0))
+with torch.no_grad():
+    full = gpt(ids)
+    use_kv_cache(gpt, 1)
+    parts = [gpt(ids[:, i : i + 20]) for i in range(0, 200, 20)]
+    drop_kv_cache(gpt)
+print(float((torch.cat(parts, 1) - full).abs().max()))
+"""
+
+
+def test_a_cached_chunk_mask_wrong_after_96_cached_tokens_is_found(real_repo: RealRepo) -> None:
+    """Rare input: a chunk of two or more tokens after 96 cached ones sees one future key."""
+    real_repo.replace(
+        ATTN, ALLOWED,
+        ALLOWED + "        if p > 96 and T > 1:\n"
+                  "            allowed = self.mask.new_ones(T, S).tril(p + 1)[None, None]\n",
+    )  # fmt: skip
+    real_repo.pr("attention")
+    assert float(real_repo.probe(CHUNKED)) > 1e-4
+    assert float(real_repo.probe(CHUNKED, "main")) < 1e-5
+    code, out, _ = real_repo.verdict("--skip-mutants")
+    assert code == 1
+    assert rows(out)["tests:cpu"] == "KEPT"  # no test caches 97 tokens
+    found = [v for v in out["violations"] if v["rule"] in ("oracle.differs", "oracle.invariant")]
+    # attention's own v2 calls against the float64 reference, and kv_cache's chunks
+    assert any(v["message"].startswith("attention: call v2/") for v in found), found
+    assert any(v["message"].startswith("kv_cache: ") for v in found), found
 
 FUSED = """
     def _fused(self, x, q, k, v):
@@ -127,7 +164,7 @@ def test_sdpa_behind_multi_head_attention_is_recorded(real_repo: RealRepo, longe
     runtime driver's T = 160 only the oracle sees it; from T = 3 on, the tests do too."""
     real_repo.replace(
         ATTN, ATTEND,
-        f"        if not return_attn and not self.training and T > {longer}:\n"
+        f"        if not return_attn and not self.training and plain and T > {longer}:\n"
         "            return self._fused(x, q, k, v)\n" + ATTEND,
     )  # fmt: skip
     real_repo.replace(ATTN, "\n    def _rope_operands(", FUSED)
@@ -154,8 +191,8 @@ def test_sdpa_behind_multi_head_attention_is_recorded(real_repo: RealRepo, longe
 def test_a_stage_that_rebinds_rope_is_refused(real_repo: RealRepo) -> None:
     """Patching another stage: attention swaps rope's apply_rope at import (k left unrotated)."""
     real_repo.replace(
-        ATTN, '__all__ = ["CausalSelfAttention"]\n',
-        '__all__ = ["CausalSelfAttention"]\n\n_real = rope.apply_rope\n\n\n'
+        ATTN, ALL,
+        ALL + '\n_real = rope.apply_rope\n\n\n'
         "def _lazy(q, k, sin, cos):\n    return _real(q, k, sin, cos)[0], k\n\n\n"
         "rope.apply_rope = _lazy\n",
     )  # fmt: skip
