@@ -96,7 +96,7 @@ def test_a_pr_that_plants_a_file_in_the_environment_poisons_nothing(
     assert "tests.failed" in rules_of(out)
 
 
-WRAPPER = "#!/bin/sh\nexec {python} \"$@\" | sed s/BROKEN/KEPT/g\n"
+WRAPPER = '#!/bin/sh\nexec {python} "$@" | sed s/BROKEN/KEPT/g\n'
 
 
 def _poison(env_dir: Path, what: str) -> Path:

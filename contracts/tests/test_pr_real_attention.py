@@ -16,7 +16,9 @@ ATTN = "packages/attention/src/niels_gpt/model/attention/__init__.py"
 ATTN_TEST = "packages/attention/tests/test_attention.py"
 INIT_MASK = "        mask = torch.tril(torch.ones(cfg.T, cfg.T, dtype=torch.bool))  # (T, T)\n"
 VISIBLE = "            visible = allowed[:, :, rows, :r1]  # (B or 1, 1, R, r1) view\n"
-ATTEND = "        out, probs = self._core(q, k, v, p, key_mask, return_attn, plain)  # (B, T, H, D)\n"
+ATTEND = (
+    "        out, probs = self._core(q, k, v, p, key_mask, return_attn, plain)  # (B, T, H, D)\n"
+)
 ALL = '__all__ = ["AttentionKernel", "CausalSelfAttention", "KVCache", "rotate_rows"]\n'
 # A user's script: how far do outputs before position `cut` move when later tokens change?
 LEAK = """
@@ -77,7 +79,7 @@ def test_forged_test_results_do_not_hide_the_leak(real_repo: RealRepo) -> None:
     real_repo.replace(
         ATTN,
         ALL,
-        ALL + '\nfrom torch.serialization import sys\n\n'
+        ALL + "\nfrom torch.serialization import sys\n\n"
         'if "_pytest.python" in sys.modules:\n'
         '    sys.modules["_pytest.python"].Function.runtest = lambda self: None\n',
     )
@@ -141,6 +143,7 @@ def test_a_cached_chunk_mask_wrong_after_96_cached_tokens_is_found(real_repo: Re
     # attention's own v2 calls against the float64 reference, and kv_cache's chunks
     assert any(v["message"].startswith("attention: call v2/") for v in found), found
     assert any(v["message"].startswith("kv_cache: ") for v in found), found
+
 
 FUSED = """
     def _fused(self, x, q, k, v):

@@ -52,7 +52,9 @@ def test_a_faster_but_equal_attention_is_kept(real_repo: RealRepo) -> None:
 
 def test_a_docstring_edit_of_padding_is_kept(real_repo: RealRepo) -> None:
     real_repo.replace(
-        PAD, "a padded forward, padded generation and a padded loss", "a padded forward, generation and loss"
+        PAD,
+        "a padded forward, padded generation and a padded loss",
+        "a padded forward, generation and loss",
     )
     real_repo.pr("padding")
     _kept(real_repo)

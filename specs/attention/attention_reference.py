@@ -116,21 +116,21 @@ class CausalSelfAttention(nn.Module):
             size, heads, room, dim = cache.keys.shape
             p = len(cache)
             if size != b or (heads, dim) != (self.n_head, self.head_dim):
-                raise InputError(f"the KV cache is {tuple(cache.keys.shape)}, x is {tuple(x.shape)}")
+                raise InputError(f"the KV cache {tuple(cache.keys.shape)} does not fit x")
             if p + t > min(room, cfg.T):
-                raise InputError(f"{p} cached + {t} new positions do not fit {room} / {cfg.T}")
+                raise InputError(f"{p} cached + {t} new positions exceed {room} or {cfg.T}")
             if cache.dtype != w.dtype or cache.keys.device != w.device:
                 raise InputError(f"the KV cache must be {w.dtype} on {w.device}")
         if positions is not None:
             if not isinstance(positions, torch.Tensor) or positions.dtype != torch.int64:
-                raise InputError(f"positions must be int64, got {getattr(positions, 'dtype', positions)}")
+                raise InputError(f"positions must be int64, got {type(positions).__name__}")
             if positions.shape != (b, t) or positions.device != x.device:
                 raise InputError(f"positions must be ({b}, {t}), got {tuple(positions.shape)}")
             if int(positions.min()) < 0 or int(positions.max()) >= cfg.T:
                 raise InputError(f"positions must be in [0, {cfg.T - 1}]")
         if key_mask is not None:
             if not isinstance(key_mask, torch.Tensor) or key_mask.dtype != torch.bool:
-                raise InputError(f"key_mask must be bool, got {getattr(key_mask, 'dtype', key_mask)}")
+                raise InputError(f"key_mask must be bool, got {type(key_mask).__name__}")
             if key_mask.shape != (b, p + t) or key_mask.device != x.device:
                 raise InputError(f"key_mask must be ({b}, {p + t}), got {tuple(key_mask.shape)}")
         return p
