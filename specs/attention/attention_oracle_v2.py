@@ -67,7 +67,8 @@ def _y(probs: int) -> str:
 def _one_call(o: Oracle, attn: CausalSelfAttention, name: str, desc: str, **kw: Any) -> None:
     x = kw.pop("x")
     b, t, _ = x.shape
-    m = t + (len(attn.kv_cache) if getattr(attn, "kv_cache", None) is not None else 0)
+    cache = getattr(attn, "kv_cache", None)
+    m = t + (0 if cache is None else len(cache))
     probs = b * attn.n_head * t * m <= PROBS
     with torch.no_grad():
         o.call(
