@@ -101,8 +101,8 @@ def compare(
         first = int(np.argmax(bad.reshape(-1)))
         return Deviation(
             f"{int(bad.sum())} of {bad.size} values differ, first at "
-            f"{_where(first, bad.shape)}: {got.reshape(-1)[first]!r} "
-            f"where {want.reshape(-1)[first]!r} was expected"
+            f"{_where(first, bad.shape)}: {got.reshape(-1)[first].item()!r} "
+            f"where {want.reshape(-1)[first].item()!r} was expected"
         )
     g, w = got.astype(np.float64), want.astype(np.float64)
     r = rtol(widest_error(dtype, computes_in), stages, reduction)
