@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from realkit import RealRepo, rows, rules_of
 
-PAD = "packages/padding/src/niels_gpt/model/_padding_attention.py"
+PAD = "packages/padding/src/niels_gpt/model/_padding_frame/__init__.py"
+PADDING = "packages/padding/src/niels_gpt/model/padding/__init__.py"
 PAD_TEST = "packages/padding/tests/test_padding.py"
-PAD_KEY = "        pad_key = cols[None, :] < pads  # (B, p + n)\n"
-RETURN = "        return out.transpose(1, 2), probs  # (B, n, H, D), (B, H, n, m)\n"
+PAD_KEY = '            "key_mask": cols[None, :] >= pads,  # (B, p + n), True = a real key\n'
+IMPORT = "from niels_gpt.model.attention import CausalSelfAttention, KVCache\n"
+HOOK = "        return args, {**kwargs, **frame.arguments(p, args[0].shape[1])}\n"
 # A user's script: the padded row's logits against the same row alone.
 PADDED = """
 import torch
@@ -31,7 +33,7 @@ print(float((got[:1, 40:] - alone).abs().max()))
 
 def _last_pad_seen_when(condition: str) -> str:
     """The key mask lets each row's last pad through whenever ``condition`` holds."""
-    return PAD_KEY.replace("< pads", f"< pads - int({condition})")
+    return PAD_KEY.replace(">= pads,", f">= pads - int({condition}),")
 
 
 def _padded_differs(repo: RealRepo) -> None:
@@ -64,8 +66,8 @@ def test_forged_test_results_do_not_hide_a_wrong_key_mask(real_repo: RealRepo) -
     real_repo.replace(PAD, PAD_KEY, _last_pad_seen_when("True"))
     real_repo.replace(
         PAD,
-        "from niels_gpt.model.kv_cache import KVCache\n",
-        "from niels_gpt.model.kv_cache import KVCache\nfrom torch.serialization import sys\n\n"
+        IMPORT,
+        IMPORT + "from torch.serialization import sys\n\n"
         'if "_pytest.python" in sys.modules:\n'
         '    sys.modules["_pytest.python"].Function.runtest = lambda self: None\n',
     )
@@ -80,7 +82,7 @@ def test_forged_test_results_do_not_hide_a_wrong_key_mask(real_repo: RealRepo) -
 
 def test_a_key_mask_wrong_only_past_30_pads_is_found(real_repo: RealRepo) -> None:
     """Rare input: rows with 30 pads or more, which no test builds."""
-    real_repo.replace(PAD, PAD_KEY, PAD_KEY.replace("< pads", "< pads - (pads >= 30).long()"))
+    real_repo.replace(PAD, PAD_KEY, PAD_KEY.replace(">= pads,", ">= pads - (pads >= 30).long(),"))
     real_repo.pr("padding")
     _padded_differs(real_repo)
     code, out, _ = real_repo.verdict("--skip-mutants")
@@ -89,26 +91,49 @@ def test_a_key_mask_wrong_only_past_30_pads_is_found(real_repo: RealRepo) -> Non
     assert rules_of(out) & {"oracle.differs", "oracle.invariant"}, out["violations"]
 
 
-FUSED = """\
-        if keys.shape[2] > 200 and not self.training:  # long batches: the fused kernel
-            b, h, n, d = q.shape
-            flat = [t.transpose(1, 2).reshape(b, t.shape[2], h * d).transpose(0, 1)
-                    for t in (q, keys, values)]
-            eye = torch.eye(h * d, dtype=q.dtype)
-            fused, _ = torch.nn.functional.multi_head_attention_forward(
-                *flat, h * d, h, None, None, None, None, False, 0.0, eye, None,
-                training=False, need_weights=False,
-                attn_mask=hidden.expand(b, h, n, keys.shape[2]).reshape(b * h, n, -1),
-                use_separate_proj_weight=True, q_proj_weight=eye, k_proj_weight=eye,
-                v_proj_weight=eye,
-            )
-            out = fused.transpose(0, 1).reshape(b, n, h, d).nan_to_num(0.0).transpose(1, 2)
+FUSED = """
+
+def _fused(hidden):
+    \"\"\"A kernel over SDPA through multi_head_attention_forward, with the frame's mask.\"\"\"
+
+    def kernel(q, k, v, dropout_p, scale):
+        b, h, n, d = q.shape
+        flat = [t.transpose(1, 2).reshape(b, n, h * d).transpose(0, 1) for t in (q, k, v)]
+        eye = torch.eye(h * d, dtype=q.dtype)
+        causal = torch.ones(n, n, dtype=torch.bool).tril()  # (n, n)
+        mask = ~(causal[None] & hidden[:, None, :])  # (B, n, n), True = hidden
+        out, _ = torch.nn.functional.multi_head_attention_forward(
+            *flat, h * d, h, None, None, None, None, False, 0.0, eye, None,
+            training=False, need_weights=False,
+            attn_mask=mask[:, None].expand(b, h, n, n).reshape(b * h, n, n),
+            use_separate_proj_weight=True, q_proj_weight=eye, k_proj_weight=eye,
+            v_proj_weight=eye,
+        )
+        return out.transpose(0, 1).reshape(b, n, h, d).nan_to_num(0.0).transpose(1, 2)
+
+    return kernel
+"""
+LONG = """\
+        n = args[0].shape[1]
+        if cache is None and n > 200 and not module.training:  # long batches: a fused kernel
+            keywords = frame.arguments(p, n)
+            module.kernel = _fused(keywords["key_mask"])
+            return args, {**kwargs, "positions": keywords["positions"]}
 """
 
 
 def test_attention_behind_multi_head_attention_is_recorded(real_repo: RealRepo) -> None:
-    """A forbidden op behind another API, for padded batches longer than the driver's."""
-    real_repo.replace(PAD, RETURN, FUSED + RETURN)
+    """A forbidden op behind another API: for padded batches longer than 200 the frame
+    hands the attention a kernel of its own (SDPA through multi_head_attention_forward,
+    the same numbers) and no key mask, so the one attention takes the kernel path."""
+    real_repo.replace(PAD, "\n\ndef attention_modules(", FUSED + "\n\ndef attention_modules(")
+    real_repo.replace(PAD, HOOK, LONG + HOOK)
+    saved = "    kernels = [(m, m.kernel) for m in modules]\n"
+    real_repo.replace(PAD, "    handles = []\n", "    handles = []\n" + saved)
+    real_repo.replace(
+        PAD, "        for m in set_up:\n", "        for m, kernel in kernels:\n"
+        "            m.kernel = kernel\n        for m in set_up:\n"
+    )  # fmt: skip
     real_repo.pr("padding")
     probe = PADDED.replace("with torch.no_grad():", "from torch.profiler import profile\n"
                            "with torch.no_grad(), profile() as prof:").replace(
@@ -126,7 +151,7 @@ def test_attention_behind_multi_head_attention_is_recorded(real_repo: RealRepo) 
 def test_padding_rebinding_kv_cache_sampling_is_refused(real_repo: RealRepo) -> None:
     """Patching another stage: padding swaps kv_cache's filter_logits (top-k keeps one more)."""
     real_repo.replace(
-        "packages/padding/src/niels_gpt/model/padding.py",
+        PADDING,
         "Knobs = tuple[float, int | None, float | None]\n",
         "Knobs = tuple[float, int | None, float | None]\n\n_filter = kv_cache.filter_logits\n\n\n"
         "def _wider(logits, *, temperature=1.0, top_k=None, top_p=None):\n"
