@@ -12,7 +12,8 @@ from the verdict's secret seed:
 - ``generate`` in float64 (greedy, temperature, top-k, top-p, eos, a seeded
   generator, traces; explicit and fast-path models): the ids must be equal;
   the first one always runs to the end of a 200-token context (every cache
-  length a decode step can have there);
+  length a decode step can have there), sampled at temperature 1 and traced,
+  so a wrong cache shows in the traces even where the ids agree;
 - ``filter_logits`` on drawn logits and knobs; ``KVCache`` itself; bad
   arguments, whose exception type must match the base's.
 
@@ -150,10 +151,12 @@ def _generate(o: Oracle) -> None:
             "temperature": r.choice((0.0, 1.0, 0.7, 1e-4)),
             "top_k": r.choice((None, 1, 5)),
             "top_p": r.choice((None, 0.9, 0.3)),
-            "eos_id": None if long else r.choice((None, 0, 3)),
+            "eos_id": r.choice((None, 0, 3)),
             "generator": o.generator(f"gen{i}-draws"),
             "trace_layer": r.choice((None, 1)),
         }
+        if long:  # sampled (a greedy random model may repeat one token) and traced
+            knobs.update(temperature=1.0, top_k=None, top_p=None, eos_id=None, trace_layer=1)
         about = ", ".join(f"{k}={v}" for k, v in knobs.items() if k != "generator")
         o.call(
             f"generate/{i}",
