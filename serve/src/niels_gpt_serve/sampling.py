@@ -44,7 +44,8 @@ def choose(logits: torch.Tensor, knobs: Knobs, generator: torch.Generator) -> in
     Raises:
         niels_gpt.checks.InputError: a knob out of the stage's range.
     """
-    row = logits.float().cpu()[None]  # (1, V): filter and draw in float32 on the CPU
+    wide = torch.promote_types(logits.dtype, torch.float32)  # as kv_cache: float64 stays
+    row = logits.to(device="cpu", dtype=wide)[None]  # (1, V): filtered and drawn on the CPU
     if knobs.temperature == 0:
         return int(row.argmax(dim=-1))  # no draw: the generator is left untouched
     filtered = filter_logits(
