@@ -131,6 +131,7 @@ def test_keeps_length():
 def test_turns_compose():
     xs = [1.0, 2.0, 3.0, 4.0]
     assert rotate(rotate(xs)) == rotate(xs, turns=2) == [3.0, 4.0, 1.0, 2.0]
+    assert rotate([1.0, 2.0, 3.0]) == [2.0, 3.0, 1.0]
 
 
 @pytest.mark.invariant("rope.rejects_empty")

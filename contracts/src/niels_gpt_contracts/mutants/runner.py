@@ -29,11 +29,14 @@ import json
 import os
 import re
 import sys
+import tempfile
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
+
+from filelock import FileLock
 
 from niels_gpt_contracts.checks import invariants
 from niels_gpt_contracts.checks.loading import load_specs
@@ -133,15 +136,21 @@ def plugin_source() -> str:
 
 
 class Cache:
+    """Proven kills by mutant name: ``{"key", "reason"}``, in one JSON file.
+
+    Read once, when made (the PR verdict makes it before any of the PR's code
+    runs, so nothing that code writes is believed). ``record`` writes under a
+    file lock: it re-reads the file, lays this run's kills over it (another
+    verdict sharing the cache may have written since), drops the entries this
+    run found not killed under the same key, and renames a private temporary
+    file into place, so concurrent runs never see half a file nor lose each
+    other's kills.
+    """
+
     def __init__(self, path: Path, enabled: bool) -> None:
         self.path = path
         self.enabled = enabled
-        self.entries: dict[str, dict[str, str]] = {}
-        if path.is_file():
-            with contextlib.suppress(ValueError, OSError):
-                data = json.loads(path.read_text(encoding="utf-8"))
-                if isinstance(data, dict) and data.get("version") == CACHE_VERSION:
-                    self.entries = dict(data.get("kills", {}))
+        self.entries = _read_kills(path)
 
     def kill(self, name: str, key: str) -> str | None:
         entry = self.entries.get(name)
@@ -150,17 +159,30 @@ class Cache:
         return None
 
     def record(self, verdicts: list[Verdict], keys: dict[str, str]) -> None:
-        for v in verdicts:
-            if v.cached:
-                continue
-            if v.status == "killed":
-                self.entries[v.mutant.name] = {"key": keys[v.mutant.name], "reason": v.reason}
-            else:
-                self.entries.pop(v.mutant.name, None)
-        payload = {"version": CACHE_VERSION, "kills": dict(sorted(self.entries.items()))}
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(payload, indent=1) + "\n", encoding="utf-8")
-        os.replace(tmp, self.path)
+        new = {v.mutant.name: v for v in verdicts if not v.cached}
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(self.path.with_name(self.path.name + ".lock")):
+            entries = _read_kills(self.path)
+            for name, v in new.items():
+                if v.status == "killed":
+                    entries[name] = {"key": keys[name], "reason": v.reason}
+                elif entries.get(name, {}).get("key") == keys[name]:
+                    entries.pop(name)
+            payload = {"version": CACHE_VERSION, "kills": dict(sorted(entries.items()))}
+            fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent)
+            with os.fdopen(fd, "w", encoding="utf-8") as out:
+                out.write(json.dumps(payload, indent=1) + "\n")
+            os.replace(tmp, self.path)
+        self.entries = entries
+
+
+def _read_kills(path: Path) -> dict[str, dict[str, str]]:
+    if path.is_file():
+        with contextlib.suppress(ValueError, OSError):
+            data = json.loads(path.read_text(encoding="utf-8"))
+            if isinstance(data, dict) and data.get("version") == CACHE_VERSION:
+                return dict(data.get("kills", {}))
+    return {}
 
 
 _DURATION = re.compile(r"^\s*([0-9.]+)s (?:setup|call|teardown)\s+(\S.*?)\s*$", re.MULTILINE)
