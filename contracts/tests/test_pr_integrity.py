@@ -83,6 +83,6 @@ def test_the_checker_runs_without_what_it_does_not_depend_on() -> None:
 def test_source_that_does_not_import_is_an_error_of_the_runs(pr_repo: PrRepo) -> None:
     pr_repo.replace(MIXER, "def mix(", "def mix(:\ndef mix(")
     pr_repo.pr("mixer")
-    code, out, _ = pr_repo.verdict()
+    code, out, _ = pr_repo.verdict("--full")
     assert code == 1
     assert {"tests.error", "api.missing"} <= rules_of(out)

@@ -6,7 +6,7 @@
     contracts check --base REV                        ... stage from 'Stage:' trailers
     contracts check --pre-push                        ... the refs pre-commit pushes
     contracts mutants [--stage S]                     the catalogued bugs must be killed
-    contracts pr --base REV [--head REV]              the whole trusted PR verdict
+    contracts pr --base REV [--head REV] [--full]     the whole trusted PR verdict
     contracts prepare [--cache-dir DIR]               build pr's sandbox interpreter ahead
 
 Exit status: 0 every check KEPT; 1 something BROKEN; 2 a usage or
@@ -178,6 +178,12 @@ def _add_pr_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
         "--timeout", type=float, default=1800.0, metavar="S", help="time limit of one test run"
     )
     pr.add_argument(
+        "--full",
+        action="store_true",
+        help="run every check even after one is BROKEN (default: stop at the first BROKEN "
+        "row, and at the first surviving mutant; the rest are NOT RUN rows)",
+    )
+    pr.add_argument(
         "--skip-mutants",
         action="store_true",
         help="leave the mutants out (NOT RUN): for a device job beside a full verdict on cpu",
@@ -322,6 +328,7 @@ def _main_pr(args: argparse.Namespace) -> int:
         jobs=args.jobs,
         timeout=args.timeout,
         mutants=not args.skip_mutants,
+        full=args.full,
     )
     return _judged(lambda: pr_verdict.run(request, _progress), render, render_error, args)
 

@@ -36,7 +36,8 @@ from niels_gpt_contracts.sandbox.workspace import src_roots
 from niels_gpt_contracts.verdict import plan
 
 if TYPE_CHECKING:
-    from niels_gpt_contracts.verdict.pr import PrRequest, Workspace
+    from niels_gpt_contracts.verdict.files import Workspace
+    from niels_gpt_contracts.verdict.pr import PrRequest
 
 CACHE_NAME = "mutants-cache.json"
 
