@@ -118,6 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument(
         "--no-api", action="store_true", help="skip the import-based API check (no torch needed)"
     )
+
     _add_mutants_parser(sub)
     _add_pr_parser(sub)
     prepare = sub.add_parser(
@@ -221,6 +222,12 @@ def _add_mutants_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
         help="run every mutant, even ones killed before with unchanged module and tests",
     )
     mutants.add_argument(
+        "--write-hints",
+        action="store_true",
+        help="rewrite specs/mutant-hints.json with the test that killed each mutant (hints "
+        "order the runs; they never count as a kill)",
+    )
+    mutants.add_argument(
         "--jobs", type=int, default=0, metavar="N", help="parallel runs (default: CPU count)"
     )
     mutants.add_argument(
@@ -278,6 +285,7 @@ def _main_mutants(args: argparse.Namespace) -> int:
         timeout=args.timeout,
         fork=args.fork,
         progress=_progress if args.format == "text" else None,
+        write_hints=args.write_hints,
     )
     try:
         result = mutants_runner.run(opts)
