@@ -66,6 +66,7 @@ DEV_TOOLS = (
     "xmlschema",
     "pre-commit",
     "check-jsonschema",
+    "PyYAML",
 )
 DEV_ENV = ROOT / ".nox" / "_shared-dev"
 REPORTS = ROOT / "reports"
@@ -289,7 +290,26 @@ def test_contracts(session: nox.Session) -> None:
         "--confcutdir=contracts",
         "--numprocesses=auto",
         "-m",
-        "not hooks",
+        "not hooks and not workflow",
+        *session.posargs,
+    )
+
+
+@nox.session(name="test-workflow", venv_backend="none")
+def test_workflow(session: nox.Session) -> None:
+    """``.github/workflows/contracts.yml`` replayed step by step (``workflow`` marker).
+
+    The checker installed with the workflow's own line into a fresh venv, the
+    sandbox environment built and cached by the push job, then honest, broken
+    and trailer-less PRs judged by the PR jobs (``contracts/tests/actkit.py``).
+    """
+    run_dev(
+        session,
+        "pytest",
+        "contracts/tests",
+        "--confcutdir=contracts",
+        "-m",
+        "workflow",
         *session.posargs,
     )
 

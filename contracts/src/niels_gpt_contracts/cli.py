@@ -118,7 +118,12 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument(
         "--no-api", action="store_true", help="skip the import-based API check (no torch needed)"
     )
-
+    check.add_argument(
+        "--python",
+        metavar="PY",
+        help="interpreter that imports the stages for the API check (it needs torch; "
+        "default: this one), e.g. the one 'contracts prepare' prints",
+    )
     _add_mutants_parser(sub)
     _add_pr_parser(sub)
     prepare = sub.add_parser(
@@ -412,6 +417,7 @@ def _run(args: argparse.Namespace) -> int:
             report_files=list(args.report),
             require_devices=args.require_device,
             api=not args.no_api,
+            python=args.python,
         )
         return run(request)
 
