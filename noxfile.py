@@ -370,7 +370,8 @@ def bench(session: nox.Session) -> None:
 
 @nox.session(venv_backend="none")
 def mutants(session: nox.Session) -> None:
-    """The mutant gate: every catalogued bug must be killed (``-- --stage S``, ``--all``)."""
+    """The mutant gate: every catalogued bug must be killed (``-- --stage S``, ``--all``,
+    ``--write-hints`` to refresh ``specs/mutant-hints.json``)."""
     run_gate(session, "mutants", *session.posargs)
 
 
