@@ -196,7 +196,12 @@ def prs(github: GitHub, pushed: dict[str, JobRun]) -> dict[str, dict[str, JobRun
     }
     events = {name: github.pull_request(*case)[1] for name, case in cases.items()}
     with ThreadPoolExecutor(max_workers=len(events)) as pool:
-        return dict(zip(events, pool.map(github.replay.run, events.values()), strict=True))
+        runs = dict(zip(events, pool.map(github.replay.run, events.values()), strict=True))
+    for name, jobs in runs.items():  # kept beside the scratch repository, to read after a run
+        for job in jobs.values():
+            log = github.replay.scratch / f"log-{name.replace(' ', '-')}-{job.id}.txt"
+            log.write_text(f"{job.name} ({job.status})\n{job.text()}\n")
+    return runs
 
 
 def test_an_honest_pr_passes_with_the_verdict_table_in_its_log(
