@@ -103,3 +103,55 @@ def test_a_phase_that_raises_leaves_no_verdict() -> None:
     with pytest.raises(ConfigError, match="found none"):
         pipeline.run([pipeline.Phase("x", ("x",), boom)], None, result, "s", say.append, full=False)
     assert result.outcomes == [] and say == []
+
+
+def test_runtime_rules_are_split_over_the_cores_and_all_judged(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Each probe process gets some of the rules; every rule's result is judged."""
+    from types import SimpleNamespace
+
+    from niels_gpt_contracts.sandbox import runtime_probe
+    from niels_gpt_contracts.verdict import pr
+
+    rules = [
+        SimpleNamespace(
+            id=f"r{i}",
+            rule_id=f"runtime.r{i}",
+            line=i + 1,
+            message="no fused kernel",
+            runtime=True,
+            params={"driver": f"specs/s/d.py:drive{i}", "ops": ["aten::bad"]},
+        )
+        for i in range(5)
+    ]
+    spec = SimpleNamespace(id="s", path="specs/s.toml")
+    calls: list[list[str]] = []
+
+    def fake(box: object, part: list[SimpleNamespace], **kw: object) -> runtime_probe.ProbeRun:
+        calls.append([r.id for r in part])
+        recorded = {
+            runtime_probe.rule_key(r): runtime_probe.Recorded(  # type: ignore[arg-type]
+                ("aten::bad",) if r.id in ("r1", "r4") else ("aten::mm",), (), 1
+            )
+            for r in part
+        }
+        return runtime_probe.ProbeRun("cpu", recorded)
+
+    monkeypatch.setattr(runtime_probe, "run", fake)
+    state = SimpleNamespace(
+        usable={},
+        box=object(),
+        w=SimpleNamespace(drivers=tmp_path, head=tmp_path),
+        plan=SimpleNamespace(rules=lambda: [(spec, r) for r in rules]),
+        jobs=2,
+        stage="s",
+    )
+    [row] = list(pr.runtime_phase("cpu")(state))  # type: ignore[arg-type]
+    assert sorted(calls) == [["r0", "r2", "r4"], ["r1", "r3"]]
+    assert row.status == "BROKEN"
+    # One bad rule in each process's share; a share left out would be "not checked".
+    assert [(v.rule, v.message.split(" while")[0]) for v in row.violations] == [
+        ("runtime.r1", "dispatched aten::bad"),
+        ("runtime.r4", "dispatched aten::bad"),
+    ]

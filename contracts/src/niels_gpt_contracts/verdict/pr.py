@@ -33,6 +33,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -44,6 +45,7 @@ from niels_gpt_contracts.mutants.runner import Cache
 from niels_gpt_contracts.result import Outcome, Result, Violation
 from niels_gpt_contracts.sandbox import processes, runtime_probe, workspace
 from niels_gpt_contracts.sandbox.environment import Sandbox, build
+from niels_gpt_contracts.spec import Rule
 from niels_gpt_contracts.verdict import files, integrity, pipeline, plan, runtime, testing
 from niels_gpt_contracts.verdict.files import Workspace
 from niels_gpt_contracts.verdict.mutation import CACHE_NAME, run_mutants
@@ -180,15 +182,22 @@ def runtime_phase(device: str) -> Callable[[State], Iterator[Outcome]]:
         if not v.usable[device]:
             return
         assert v.box is not None and v.w is not None
+        box, drivers, roots = v.box, v.w.drivers, workspace.src_roots(v.w.head)
         rules = v.plan.rules()
-        probe = runtime_probe.run(
-            v.box,
-            [rule for _, rule in rules],
-            device=device,
-            drivers_root=v.w.drivers,
-            roots=workspace.src_roots(v.w.head),
-        )
-        broken = runtime.judge(rules, probe, v.stage)
+        # The drivers run under the profiler, one after the other in a process:
+        # split them over the cores, one probe process each.
+        parts = [[r for _, r in rules[i :: v.jobs]] for i in range(min(v.jobs, len(rules)))]
+
+        def probe(part: list[Rule]) -> runtime_probe.ProbeRun:
+            return runtime_probe.run(box, part, device=device, drivers_root=drivers, roots=roots)
+
+        with ThreadPoolExecutor(max_workers=max(1, len(parts))) as pool:
+            probes = list(pool.map(probe, parts))
+        merged = runtime_probe.ProbeRun(device)
+        for one in probes:
+            merged.recorded.update(one.recorded)
+            merged.problem = merged.problem or one.problem
+        broken = runtime.judge(rules, merged, v.stage)
         yield _outcome(v.stage, f"runtime:{device}", broken, f"{len(rules)} runtime rule(s) hold")
 
     return phase
