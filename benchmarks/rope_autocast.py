@@ -19,6 +19,7 @@ costs at most.
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 from typing import Any
 
@@ -39,7 +40,7 @@ def _ulp_error(got: torch.Tensor, exact: torch.Tensor) -> float:
     scale an error is judged against.
     """
     exact = exact.cpu()
-    pairs = exact.unflatten(-1, (-1, 2))  # (B, H, T, D/2, 2)
+    pairs = exact.reshape(*exact.shape[:-1], -1, 2)  # (B, H, T, D/2, 2)
     length = pairs.pow(2).sum(-1, keepdim=True).sqrt().expand_as(pairs).flatten(-2)  # (B, H, T, D)
     floor = torch.finfo(LOW).tiny
     spacing = torch.exp2(torch.floor(torch.log2(length.clamp_min(floor)))) * torch.finfo(LOW).eps
@@ -54,7 +55,7 @@ def bench(device: torch.device, rounds: int) -> dict[str, Any]:
     w = (torch.randn(2 * C, C, generator=gen) / math.sqrt(C)).to(device)  # (2C, C)
     with torch.autocast(device.type, dtype=LOW):
         qk = torch.nn.functional.linear(x, w)  # (B, T, 2C) in bfloat16
-    q, k = (t.view(B, T, H, D).transpose(1, 2) for t in qk.split(C, dim=-1))  # (B, H, T, D)
+    q, k = (t.view(B, T, H, D).transpose(1, 2) for t in torch.split(qk, C, dim=-1))  # (B, H, T, D)
     sin, cos = rope_cache(T, D, device=device)  # float32
     sin16, cos16 = sin.to(LOW), cos.to(LOW)
 
@@ -72,7 +73,7 @@ def bench(device: torch.device, rounds: int) -> dict[str, Any]:
     errors = {name: _ulp_error(fn(q, k)[0], exact_q) for name, fn in ways.items()}
     with torch.no_grad():
         forward = measure(
-            {n: lambda fn=fn: fn(q, k) for n, fn in ways.items()}, device, rounds=rounds
+            {n: functools.partial(fn, q, k) for n, fn in ways.items()}, device, rounds=rounds
         )
     qg, kg = q.detach().requires_grad_(), k.detach().requires_grad_()
     grad = torch.randn(q.shape, generator=gen).to(device, LOW)  # (B, H, T, D)

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor) -> Callable[[], torch.Tensor]:
+    """``a @ b`` as a candidate for ``measure`` (the float32 matmul peak)."""
+    return lambda: a @ b
 
 
 def sync(device: torch.device) -> None:
@@ -35,7 +40,7 @@ class Stat:
 
 
 def measure(
-    fns: dict[str, Callable[[], object]],
+    fns: Mapping[str, Callable[[], object]],
     device: torch.device,
     *,
     rounds: int,
@@ -45,14 +50,18 @@ def measure(
     """Time each callable: ``warmup`` calls, then ``rounds`` rounds.
 
     In every round each candidate runs back to back (A, B, C, A, B, C, ...), each
-    sample repeating the call enough times to last ``min_sample_s``. Returns the
-    median seconds per call for each name.
+    sample repeating the call enough times to last ``min_sample_s`` (with 0, one
+    call a sample, and no call spent finding out). Returns the median seconds per
+    call for each name.
     """
     number: dict[str, int] = {}
     for name, fn in fns.items():
         for _ in range(warmup):
             fn()
         sync(device)
+        if min_sample_s <= 0:
+            number[name] = 1
+            continue
         t0 = time.perf_counter()
         fn()
         sync(device)

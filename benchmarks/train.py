@@ -4,12 +4,15 @@ each in float32 and under bfloat16 autocast."""
 from __future__ import annotations
 
 import dataclasses
+import re
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from benchmarks.progress import without_native_lines
 from benchmarks.reference import NanoGPT
 from benchmarks.timing import sync
 from niels_gpt.config import ModelConfig
@@ -17,6 +20,7 @@ from niels_gpt.model.fastpath import use_fast_attention
 from niels_gpt.model.gpt import GPT
 
 MODELS = ("explicit", "fastpath", "reference")
+_PROFILER_CHATTER = re.compile(r"^USDT:.*\bprofiler_(start|stop)\b")
 # Training-step variants: (name, model kind, autocast dtype or None for float32).
 AUTOCAST = torch.bfloat16
 VARIANTS: tuple[tuple[str, str, torch.dtype | None], ...] = (
@@ -74,7 +78,7 @@ def make_step(
         with torch.autocast(device.type, dtype=autocast or AUTOCAST, enabled=autocast is not None):
             logits = model(x)  # (B, t, V)
         loss = F.cross_entropy(logits.float().reshape(-1, cfg.V), y.reshape(-1))
-        loss.backward()
+        torch.autograd.backward(loss)
         opt.step()
 
     return (step, opt) if return_optimizer else step
@@ -126,12 +130,16 @@ def peak_memory(
     else:
         from torch.profiler import ProfilerActivity, profile
 
-        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        # kineto prints "USDT: ... profiler_start" and "profiler_stop" on every use
+        with (
+            without_native_lines(_PROFILER_CHATTER),
+            profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof,
+        ):
             step()
             sync(device)
         events = sorted(
             (e.start_ns(), e.nbytes())
-            for e in prof.profiler.kineto_results.events()  # type: ignore[union-attr]
+            for e in prof.profiler.kineto_results.events()
             if e.name() == "[memory]"
         )
         live = growth = 0
@@ -140,3 +148,15 @@ def peak_memory(
             growth = max(growth, live)
         method = "held + profiler-recorded allocation growth"
     return {"peak_bytes": float(held + growth), "held_bytes": float(held), "method": method}
+
+
+def autocast_matmul(
+    a: torch.Tensor, b: torch.Tensor, device: torch.device, *, linear: bool
+) -> Callable[[], torch.Tensor]:
+    """``a @ b`` (or ``linear(a, b)``, the projections' kernel) under bf16 autocast."""
+
+    def run() -> torch.Tensor:
+        with torch.autocast(device.type, dtype=AUTOCAST):
+            return F.linear(a, b) if linear else a @ b
+
+    return run

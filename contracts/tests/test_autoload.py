@@ -72,6 +72,12 @@ def test_an_empty_pr_is_an_error_not_a_pass(repo: Repo) -> None:
     assert "found no changed path" in out["error"]
 
 
+def test_an_empty_pr_without_a_stage_says_there_are_no_commits(repo: Repo) -> None:
+    code, out = repo.gate_json("--base", "main", "--head", "HEAD", "--no-api")
+    assert code == 2
+    assert "no commits between base and head" in out["error"] and ".." not in out["error"]
+
+
 def test_the_root_conftest_is_a_meta_path(repo: Repo) -> None:
     repo.write("conftest.py", "import os\n")
     repo.commit()

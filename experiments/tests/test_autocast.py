@@ -1,8 +1,7 @@
 """Training under autocast (``--precision bf16|fp16``).
 
-These need the stages to run under ``torch.autocast`` (the mixed-precision
-issue): until then the attention stage rejects bf16 activations with
-``apply_rope: sin.dtype must equal q.dtype``.
+The stages run under ``torch.autocast`` (RoPE rotates in float32 and hands
+back the activation dtype), so both dtypes train end to end.
 
 Tolerance: the first logged loss is taken on the initial weights, so the
 float32 run and the autocast run see the same weights and the same batch and

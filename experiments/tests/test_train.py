@@ -6,6 +6,8 @@ import contextlib
 import dataclasses
 import json
 import math
+import re
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -13,12 +15,14 @@ import pytest
 import torch
 
 from niels_gpt_experiments import checkpoint
+from niels_gpt_experiments import trainer as trainer_module
 from niels_gpt_experiments.batches import Layout, train_offsets
 from niels_gpt_experiments.cli import build_parser, config_from_args, train_main
-from niels_gpt_experiments.config import QUICK, TrainConfig
+from niels_gpt_experiments.config import QUICK, TrainConfig, check_same_run
 from niels_gpt_experiments.corpus import CorpusSpec, open_corpus
 from niels_gpt_experiments.models import build_model
-from niels_gpt_experiments.trainer import accumulate_gradients, train
+from niels_gpt_experiments.progress import rate_text
+from niels_gpt_experiments.trainer import TrainResult, accumulate_gradients, train
 
 Tiny = Callable[..., TrainConfig]
 
@@ -151,3 +155,117 @@ def test_cli_reports_a_missing_corpus_in_one_line(
     assert code == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "does not exist" in err
+
+
+@pytest.mark.parametrize(("steps", "warmup"), [(1, 0), (5, 0), (50, 5), (100, 10), (2000, 100)])
+def test_the_default_warmup_is_a_tenth_of_the_run_at_most_100(steps: int, warmup: int) -> None:
+    cfg = config_from_args(build_parser().parse_args(["--steps", str(steps)]))
+    assert cfg.warmup is None and cfg.warmup_steps == warmup
+    assert config_from_args(build_parser().parse_args(["--warmup", "0"])).warmup_steps == 0
+
+
+def test_a_warmup_longer_than_the_run_names_both_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as stop:
+        train_main(["--steps", "50", "--warmup", "100"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert "--warmup must be in [0, --steps] = [0, 50], got 100" in err
+    assert "min(100, steps // 10) = 5" in err
+
+
+def test_resume_compares_the_warmup_the_run_used(tiny: Tiny) -> None:
+    # A checkpoint from before the default changed saved warmup=100 at 2000 steps:
+    # an unset warm-up now means the same 100 steps, so it is the same run.
+    cfg = tiny(steps=2000, warmup=None)
+    saved = {**cfg.as_json(), "warmup": 100}
+    check_same_run(json.dumps(saved), cfg)
+    with pytest.raises(checkpoint.CheckpointError, match=r"warmup 50 -> 100"):
+        check_same_run(json.dumps({**saved, "warmup": 50}), cfg)
+
+
+def test_help_shows_every_default(capsys: pytest.CaptureFixture[str]) -> None:
+    parser = build_parser()
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--steps STEPS optimizer steps (default: 2000)" in text
+    assert "(default: min(100, steps // 10))" in text and "(default: 3*C)" in text
+    valued = [a for a in parser._actions if a.nargs is None and a.option_strings[0] != "--include"]
+    assert valued and all("(default: " in (a.help or "") for a in valued), [
+        a.option_strings for a in valued if "(default: " not in (a.help or "")
+    ]
+
+
+@pytest.mark.parametrize("name", ["cuda", "tpu"])
+def test_a_device_this_machine_lacks_is_one_line(
+    name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    if name == "cuda" and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: the absent-device message cannot be shown")
+    code = train_main(["--quick", "--device", name, "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"niels-train: --device {name}: ")
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_second_run_into_the_same_out_is_refused_unless_asked(
+    corpus_dir: Path, data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "run"
+    base = ["--quick", "--corpus", str(corpus_dir), "--data-dir", str(data_dir), "--out",
+            str(out), "--device", "cpu", "--no-progress", "--sample-tokens", "0"]  # fmt: skip
+    assert train_main([*base, "--steps", "4", "--eval-every", "2"]) == 0
+    before = (out / "run.json").read_text(), (out / "metrics.jsonl").read_text()
+    capsys.readouterr()
+    assert train_main([*base, "--steps", "2", "--eval-every", "2"]) == 2
+    err = capsys.readouterr().err
+    assert (
+        err.count("\n") == 1 and "already holds a run (run.json, metrics.jsonl, checkpoints)" in err
+    )
+    assert "--resume" in err and "--overwrite" in err
+    assert ((out / "run.json").read_text(), (out / "metrics.jsonl").read_text()) == before
+    (out / "notes.txt").write_text("mine")
+    assert train_main([*base, "--steps", "2", "--eval-every", "2", "--overwrite"]) == 0
+    assert sorted(p.name for p in (out / "checkpoints").glob("step-*")) == ["step-0000002"]
+    assert (out / "notes.txt").read_text() == "mine"  # only the run's own files went
+    assert train_main([*base, "--steps", "2", "--eval-every", "2", "--resume"]) == 0
+
+
+def test_the_bar_the_closing_line_and_the_log_show_the_run_average(
+    corpus_dir: Path,
+    data_dir: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("COLUMNS", "200")  # the whole bar on one line
+    results: list[TrainResult] = []
+
+    def keep(cfg: TrainConfig) -> TrainResult:
+        results.append(train(cfg))
+        return results[-1]
+
+    monkeypatch.setattr(trainer_module, "train", keep)
+    out = tmp_path / "run"
+    start = time.perf_counter()
+    code = train_main(
+        ["--quick", "--steps", "6", "--eval-every", "3", "--corpus", str(corpus_dir),
+         "--data-dir", str(data_dir), "--out", str(out), "--device", "cpu"]
+    )  # fmt: skip
+    wall = time.perf_counter() - start
+    assert code == 0
+    (result,) = results
+    # The definition: this run's tokens over its wall time, evaluations and checkpoints in.
+    tokens = 6 * result.config.tokens_per_step
+    assert result.tokens_per_s == tokens / result.seconds
+    assert sum(result.step_seconds) < result.seconds < wall
+    text = capsys.readouterr().out
+    bar = re.findall(r"step 6/6 .*loss \S+ ([\d,]+ tokens/s)", text)
+    closing = re.findall(
+        r"done: step 6, val loss \S+, ([\d,]+ tokens/s) \(the run's average\)", text
+    )
+    assert bar and closing, text
+    assert bar[-1] == closing[0] == rate_text(result.tokens_per_s)
+    steps = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["tokens_per_s"] for r in steps if "loss" in r][-1] == result.tokens_per_s

@@ -1,4 +1,4 @@
-"""What a test report was produced from: the tree it tested, and the selection.
+"""What a test report was produced from: the tree it tested, stage by stage.
 
 ``tree(root)`` hashes, in a fixed order, the path and bytes of every file that
 decides a stage test run: ``packages/*/src/**``, ``packages/*/tests/**``, the
@@ -7,17 +7,43 @@ acceptance tests ``specs/*/tests/**``, the root ``conftest.py`` and the root
 dot-folders) are left out. The pytest plugin writes it into every report; the
 gate recomputes it, and a report from another tree is stale.
 
+The hash it returns (a ``Fingerprint``, a ``str``) also carries one **key per
+stage**: the stage's own files (``packages/<stage>/src``, ``tests``, its
+``pyproject.toml`` and ``specs/<stage>/tests``), the shared root files, and
+the own files of every stage it reaches through its package's dependencies
+(the packages' ``pyproject.toml``) and through the modules its tests import
+(kv_cache's tests run the fast path, which its package does not declare).
+An edit changes the key of its stage and of the stages that reach it, no
+other: a comment in a leaf stage leaves rope's tests fresh.
+``owner(nodeid)`` names the stage a test belongs to.
+
 Imports nothing from the checker: the plugin and the gate both use it.
 """
 
 from __future__ import annotations
 
+import ast
 import hashlib
 from collections.abc import Iterator
 from pathlib import Path
 
+import tomllib
+
+__all__ = ["Fingerprint", "owner", "stage_keys", "tree"]
+
 PATTERNS = ("packages/*/src", "packages/*/tests", "specs/*/tests")
 ROOT_FILES = ("conftest.py", "pyproject.toml")
+
+
+class Fingerprint(str):
+    """The tree hash; ``stages`` maps each stage (``packages/<stage>``) to its key."""
+
+    stages: dict[str, str]
+
+    def __new__(cls, digest: str, stages: dict[str, str]) -> Fingerprint:
+        made = super().__new__(cls, digest)
+        made.stages = stages
+        return made
 
 
 def _files(root: Path) -> Iterator[Path]:
@@ -34,12 +60,131 @@ def _files(root: Path) -> Iterator[Path]:
             yield root / name
 
 
-def tree(root: Path) -> str:
-    """The hex SHA-256 of every file that decides a stage test run under ``root``."""
+def owner(nodeid: str) -> str | None:
+    """The stage a test id or path belongs to: ``packages/<s>/tests/...`` or
+    ``specs/<s>/tests/...``; ``None`` for anything else (README examples)."""
+    parts = nodeid.split("::", 1)[0].replace("\\", "/").split("/")
+    if len(parts) > 3 and parts[0] in ("packages", "specs") and parts[2] == "tests":
+        return parts[1]
+    return None
+
+
+def _stage_of_file(rel: tuple[str, ...]) -> str | None:
+    if len(rel) > 2 and rel[0] == "packages":
+        return rel[1]
+    if len(rel) > 3 and rel[0] == "specs" and rel[2] == "tests":
+        return rel[1]
+    return None
+
+
+def _dependencies(root: Path) -> dict[str, list[str]]:
+    """Stage -> the stages its package declares as dependencies (by distribution name)."""
+    names: dict[str, str] = {}
+    wanted: dict[str, list[str]] = {}
+    for path in sorted(root.glob("packages/*/pyproject.toml")):
+        try:
+            project = tomllib.loads(path.read_text(encoding="utf-8")).get("project", {})
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+            project = {}  # an unreadable file still changes the stage's own key
+        stage = path.parent.name
+        names[_canonical(str(project.get("name", "")))] = stage
+        deps = project.get("dependencies", [])
+        wanted[stage] = [str(d) for d in deps] if isinstance(deps, list) else []
+    return {
+        stage: sorted({names[n] for d in deps if (n := _requirement_name(d)) in names} - {stage})
+        for stage, deps in wanted.items()
+    }
+
+
+def _canonical(name: str) -> str:
+    return "-".join(name.lower().replace("_", "-").replace(".", "-").split("-"))
+
+
+def _requirement_name(text: str) -> str:
+    end = next((i for i, ch in enumerate(text) if ch in " ;[<>=!~("), len(text))
+    return _canonical(text[:end])
+
+
+def _module_of(rel: tuple[str, ...]) -> str | None:
+    """``packages/<s>/src/a/b.py`` -> ``a.b``; anything else -> ``None``."""
+    if len(rel) > 3 and rel[0] == "packages" and rel[2] == "src" and rel[-1].endswith(".py"):
+        return ".".join((*rel[3:-1], rel[-1].removesuffix(".py")))
+    return None
+
+
+def _imported(data: bytes) -> set[str]:
+    """Module names a test file imports or names in a string (``import_module("x.y")``)."""
+    try:
+        parsed = ast.parse(data)
+    except (SyntaxError, ValueError):
+        return set()  # its bytes still count in its stage's own key
+    found: set[str] = set()
+    for node in ast.walk(parsed):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            found.add(node.value)
+    return found
+
+
+def _closure(stage: str, edges: dict[str, set[str]]) -> set[str]:
+    seen, todo = {stage}, [stage]
+    while todo:
+        for nxt in edges.get(todo.pop(), set()) - seen:
+            seen.add(nxt)
+            todo.append(nxt)
+    return seen
+
+
+def _hash(root: Path) -> tuple[str, dict[str, str]]:
     digest = hashlib.sha256()
+    own: dict[str, hashlib._Hash] = {}
+    shared = hashlib.sha256()
+    modules: dict[str, str] = {}  # module name -> the stage whose src holds it
+    imports: dict[str, set[str]] = {}  # stage -> modules its tests import
     for path in _files(root):
-        digest.update(path.relative_to(root).as_posix().encode("utf-8", "surrogateescape"))
-        digest.update(b"\0")
-        digest.update(path.read_bytes())
-        digest.update(b"\0")
-    return digest.hexdigest()
+        rel = path.relative_to(root).parts
+        data = path.read_bytes()
+        name = path.relative_to(root).as_posix().encode("utf-8", "surrogateescape")
+        stage = _stage_of_file(rel)
+        for sink in (digest, own.setdefault(stage or "", hashlib.sha256())):
+            sink.update(name + b"\0" + data + b"\0")
+        if len(rel) == 1 and rel[0] in ROOT_FILES:
+            shared.update(name + b"\0" + data + b"\0")
+        if (module := _module_of(rel)) is not None and stage is not None:
+            modules[module] = stage
+        if stage is not None and "tests" in rel[2:3] and path.suffix == ".py":
+            imports.setdefault(stage, set()).update(_imported(data))
+    for path in sorted(root.glob("packages/*/pyproject.toml")):  # not in the tree hash
+        own.setdefault(path.parent.name, hashlib.sha256()).update(
+            b"pyproject\0" + path.read_bytes()
+        )
+    # A stage's tests depend on the stages its package declares and on those
+    # whose modules they import (kv_cache's tests run the fast path).
+    edges = {stage: set(deps) for stage, deps in _dependencies(root).items()}
+    for stage, names in imports.items():
+        edges.setdefault(stage, set()).update(modules[n] for n in names if n in modules)
+    stages = {p.name for p in root.glob("packages/*") if p.is_dir()}
+    stages |= {p.parent.name for p in root.glob("specs/*/tests") if p.is_dir()}
+    keys = {}
+    for stage in sorted(stages):
+        h = hashlib.sha256(f"stage {stage}\0".encode() + shared.digest())
+        for member in sorted(_closure(stage, edges)):
+            h.update(f"{member}\0".encode() + own.get(member, hashlib.sha256()).digest())
+        keys[stage] = h.hexdigest()
+    return digest.hexdigest(), keys
+
+
+def stage_keys(root: Path) -> dict[str, str]:
+    """Each stage's key under ``root`` (see the module docstring)."""
+    return _hash(root)[1]
+
+
+def tree(root: Path) -> Fingerprint:
+    """The hex SHA-256 of every file that decides a stage test run under ``root``,
+    carrying each stage's key in ``.stages``."""
+    digest, keys = _hash(root)
+    return Fingerprint(digest, keys)

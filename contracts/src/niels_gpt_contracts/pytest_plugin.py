@@ -32,14 +32,19 @@ a user property and the controller writes the file.
 from __future__ import annotations
 
 import json
-import os
 from collections import defaultdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 
-from niels_gpt_contracts import fingerprint
+from niels_gpt_contracts import fingerprint, report_sections
+from niels_gpt_contracts.collection import (
+    COLLECTED,
+    CollectionRecorder,
+    covered_stages,
+    selection,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -64,6 +69,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=None,
         metavar="PATH",
         help="write per-invariant outcomes of this run as JSON to PATH",
+    )
+    group.addoption(
+        "--invariant-report-merge",
+        action="store_true",
+        default=False,
+        help="add this run's outcomes to the report already at --invariant-report, stage by "
+        "stage, instead of replacing it (the test-<device> sessions pass it)",
     )
     group.addoption(
         "--invariant-prefix",
@@ -95,31 +107,19 @@ def pytest_configure(config: pytest.Config) -> None:
     if name != "cpu" and not device_available(name):
         raise pytest.UsageError(f"--device {name}: {name} is not available on this machine")
     path = config.getoption("--invariant-report")
+    if path:
+        config.pluginmanager.register(CollectionRecorder(config), "niels_gpt_collection")
     if path and not hasattr(config, "workerinput"):
+        tree = fingerprint.tree(config.rootpath)
         source: dict[str, object] = {
-            "tree": fingerprint.tree(config.rootpath),
+            "tree": str(tree),
+            "stages": tree.stages,
             "selection": selection(config),
         }
-        report = InvariantReport(Path(path), name, source)
+        merge = bool(config.getoption("--invariant-report-merge"))
+        report = InvariantReport(Path(path), name, source, tree.stages, merge)
+        report.complete = covered_stages(config, tree.stages)
         config.pluginmanager.register(report, "niels_gpt_invariants")
-
-
-def selection(config: pytest.Config) -> dict[str, object]:
-    """The paths a run was given, and every option that narrowed it to fewer tests."""
-    narrowed: list[str] = []
-    for option, flag in (("keyword", "-k"), ("markexpr", "-m")):
-        value = getattr(config.option, option, "")
-        if value:
-            narrowed.append(f"{flag} {value}")
-    for option, flag in (("deselect", "--deselect"), ("invariant_prefix", "--invariant-prefix")):
-        values = getattr(config.option, option, None) or []
-        narrowed += [f"{flag} {v}" for v in values]
-    for option, flag in (("lf", "--last-failed"), ("exitfirst", "-x"), ("collectonly", "--co")):
-        if getattr(config.option, option, False):
-            narrowed.append(flag)
-    narrowed += [f"only {a}" for a in config.args if "::" in a]
-    args = [os.path.relpath(a, config.rootpath) if os.path.isabs(a) else a for a in config.args]
-    return {"args": args, "narrowed_by": narrowed}
 
 
 def claimed_invariants(item: pytest.Item) -> list[str]:
@@ -170,10 +170,22 @@ def _reason(report: pytest.TestReport) -> str:
 class InvariantReport:
     """Collects outcomes per claimed invariant and per test on the controller; writes them."""
 
-    def __init__(self, path: Path, device: str, source: dict[str, object]) -> None:
+    def __init__(
+        self,
+        path: Path,
+        device: str,
+        source: dict[str, object],
+        keys: dict[str, str] | None = None,
+        merge: bool = False,
+    ) -> None:
         self.path = path
         self.device = device
         self.source = source
+        self.keys = keys or {}
+        self.merge = merge
+        self.complete: set[str] = set()
+        self.recorder: CollectionRecorder | None = None
+        self.every_collected: list[str] = []
         self.counts: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(_OUTCOMES, 0))
         self.tests: dict[str, set[str]] = defaultdict(set)
         self.failed_tests: dict[str, set[str]] = defaultdict(set)
@@ -183,10 +195,29 @@ class InvariantReport:
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         self.collected = [item.nodeid for item in session.items]
 
+    @staticmethod
+    def _local_collection(session: pytest.Session) -> list[str]:
+        recorder = session.config.pluginmanager.get_plugin("niels_gpt_collection")
+        return recorder.collected if isinstance(recorder, CollectionRecorder) else []
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node: object, error: object) -> None:
+        """xdist: a worker's whole collection (they all collect the same tests)."""
+        found = getattr(node, "workeroutput", {}).get(COLLECTED)
+        if isinstance(found, list) and not self.every_collected:
+            self.every_collected = [str(n) for n in found]
+
     def _record_test(self, report: pytest.TestReport, ids: list[str]) -> None:
         outcome = "skipped" if hasattr(report, "wasxfail") else report.outcome
+        stage = fingerprint.owner(report.nodeid)
         entry = self.outcomes.setdefault(
-            report.nodeid, {"outcome": "passed", "invariants": ids, "reason": ""}
+            report.nodeid,
+            {
+                "outcome": "passed",
+                "invariants": ids,
+                "reason": "",
+                "key": self.keys.get(stage, "") if stage else "",
+            },
         )
         if entry["outcome"] == "failed":
             return  # a failure in any phase stands
@@ -226,9 +257,26 @@ class InvariantReport:
             },
             "tests": dict(sorted(self.outcomes.items())),
             "collected": self.collected,
+            "format": report_sections.FORMAT,
+            "sections": report_sections.sections(
+                self.every_collected or self._local_collection(session),
+                self.keys,
+                self.complete,
+                int(session.exitstatus),
+            ),
         }
+        if self.merge:
+            payload = report_sections.merge(_read(self.path), payload)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.path.write_text(json.dumps(payload, indent=2) + "\n")
+
+
+def _read(path: Path) -> object:
+    """The report already at ``path``, or ``None`` (absent or unreadable: not merged)."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
 
 
 @pytest.fixture(scope="session")

@@ -66,7 +66,14 @@ QUICK_STUDY: dict[str, Any] = {
 
 def study_config(kind: str, seed: int, out: Path, quick: bool, **extra: Any) -> TrainConfig:
     settings = {**(QUICK_STUDY if quick else STUDY), **extra}
-    return TrainConfig(model=kind, seed=seed, out_dir=out / f"{kind}-seed{seed}", **settings)  # type: ignore[arg-type]
+    # Each study run is the study's own scratch: a second niels-ablate replaces it.
+    return TrainConfig(
+        model=kind,  # type: ignore[arg-type]
+        seed=seed,
+        out_dir=out / f"{kind}-seed{seed}",
+        overwrite=True,
+        **settings,
+    )
 
 
 def _rss_now() -> int:

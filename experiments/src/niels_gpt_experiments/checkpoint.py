@@ -27,7 +27,12 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_state_dict,
+)
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
@@ -35,7 +40,7 @@ from niels_gpt.model.gpt import GPT
 from niels_gpt_experiments.parallel import check_tied
 from niels_gpt_experiments.runtime import Runtime, barrier
 
-__all__ = ["CheckpointError", "latest", "load", "save"]
+__all__ = ["CheckpointError", "latest", "load", "load_weights", "save"]
 
 _LATEST = "latest"
 
@@ -139,4 +144,27 @@ def load(
         model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"]
     )
     check_tied(model)
+    return _unpack(state["trainer"])
+
+
+def load_weights(path: Path, model: nn.Module) -> dict[str, Any]:
+    """Load only the model's weights from ``path`` in place; return the trainer state.
+
+    No optimizer, no process group and no runtime: what a user who only wants
+    the trained model needs. The optimizer's tensors in the checkpoint are
+    left unread.
+
+    Raises:
+        CheckpointError: ``path`` holds no checkpoint.
+        Whatever DCP raises on a damaged checkpoint (the caller words it).
+    """
+    if not (path / ".metadata").is_file():
+        raise CheckpointError(f"no checkpoint at {str(path)!r}")
+    state: dict[str, Any] = {"model": get_model_state_dict(model), "trainer": b""}
+    with warnings.catch_warnings():  # one process on purpose, as in _single_process_ok
+        warnings.filterwarnings(
+            "ignore", message="torch.distributed is disabled", category=UserWarning
+        )
+        dcp_load(state, checkpoint_id=path, no_dist=True)
+    set_model_state_dict(model, state["model"])
     return _unpack(state["trainer"])

@@ -31,17 +31,17 @@ _OPTIONS: tuple[tuple[str, str, Any, str], ...] = (
     ("--width", "C", int, "embedding width C"),
     ("--layers", "L", int, "number of blocks L"),
     ("--heads", "H", int, "attention heads H"),
-    ("--d-ff", "d_ff", int, "v1 SwiGLU width (default 3*C); v0 matches its parameter count"),
+    ("--d-ff", "d_ff", int, "v1 SwiGLU width; v0 matches its parameter count"),
     ("--dropout", "dropout", float, "dropout probability"),
     ("--corpus", "corpus", Path, "a folder or text file instead of the standard library"),
     ("--val-permille", "val_permille", int, "thousandths of the corpus held out for validation"),
-    ("--data-dir", "data_dir", Path, "token array cache ($NIELS_GPT_DATA, ~/.cache/...)"),
+    ("--data-dir", "data_dir", Path, "token array cache"),
     ("--steps", "steps", int, "optimizer steps"),
     ("--batch-size", "batch_size", int, "global rows per step, over ranks and accumulation"),
     ("--grad-accum", "grad_accum", int, "micro-batches per step on each rank"),
     ("--lr", "lr", float, "peak learning rate"),
     ("--min-lr-ratio", "min_lr_ratio", float, "final learning rate as a fraction of the peak"),
-    ("--warmup", "warmup", int, "linear warm-up steps"),
+    ("--warmup", "warmup", int, "linear warm-up steps, at most --steps"),
     ("--weight-decay", "weight_decay", float, "AdamW weight decay (matrices only)"),
     ("--grad-clip", "grad_clip", float, "clip the global gradient norm to this (0: off)"),
     ("--device", "device", str, "cpu, cuda, mps or auto"),
@@ -52,11 +52,29 @@ _OPTIONS: tuple[tuple[str, str, Any, str], ...] = (
     ("--prompt", "prompt", str, "sample prompt"),
     ("--temperature", "temperature", float, "temperature of the sampled continuation"),
     ("--top-k", "top_k", int, "top-k filter of the sampled continuation"),
-    ("--checkpoint-every", "checkpoint_every", int, "steps between checkpoints (default: evals)"),
+    ("--checkpoint-every", "checkpoint_every", int, "steps between checkpoints"),
     ("--keep-checkpoints", "keep_checkpoints", int, "how many checkpoints to keep"),
     ("--out", "out_dir", Path, "run directory: checkpoints, metrics.jsonl, run.json"),
     ("--stop-after", "stop_after", int, "stop (with a checkpoint) after this step; resume later"),
 )
+
+
+# Defaults whose value alone would not say what they mean.
+_DEFAULT_TEXT = {
+    "d_ff": "3*C",
+    "corpus": "the running Python's standard library",
+    "data_dir": "$NIELS_GPT_DATA or ~/.cache/niels-gpt-experiments",
+    "warmup": "min(100, steps // 10)",
+    "checkpoint_every": "at every evaluation",
+    "stop_after": "run to --steps",
+    "prompt": "'def '",
+}
+
+
+def _with_default(name: str, text: str) -> str:
+    """``text`` and TrainConfig's default of ``name`` (``%`` doubled for argparse)."""
+    value = _DEFAULT_TEXT.get(name, getattr(TrainConfig(), name))
+    return f"{text} (default: {value})".replace("%", "%%")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -66,19 +84,32 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--quick", action="store_true", help=f"tiny run: {QUICK}")
-    parser.add_argument("--model", choices=("v0", "v1"), help="v1 (RMSNorm, SwiGLU) or v0")
-    parser.add_argument("--attention", choices=("explicit", "fast"), help="fast: SDPA fast path")
-    parser.add_argument("--precision", choices=("fp32", "bf16", "fp16"), help="autocast dtype")
+    parser.add_argument(
+        "--model", choices=("v0", "v1"), help=_with_default("model", "v1 (RMSNorm, SwiGLU) or v0")
+    )
+    parser.add_argument(
+        "--attention",
+        choices=("explicit", "fast"),
+        help=_with_default("attention", "fast: SDPA fast path"),
+    )
+    parser.add_argument(
+        "--precision",
+        choices=("fp32", "bf16", "fp16"),
+        help=_with_default("precision", "autocast dtype"),
+    )
     parser.add_argument(
         "--include",
         action="append",
         metavar="GLOB",
-        help="file pattern in a --corpus folder (repeatable; *.py)",
+        help="file pattern in a --corpus folder (repeatable; default: *.py)",
     )
-    parser.add_argument("--beta1", type=float, help="AdamW beta1")
-    parser.add_argument("--beta2", type=float, help="AdamW beta2")
+    b1, b2 = TrainConfig().betas
+    parser.add_argument("--beta1", type=float, help=f"AdamW beta1 (default: {b1})")
+    parser.add_argument("--beta2", type=float, help=f"AdamW beta2 (default: {b2})")
     for flag, name, kind, text in _OPTIONS:
-        parser.add_argument(flag, dest=name, type=kind, metavar=name.upper(), help=text)
+        parser.add_argument(
+            flag, dest=name, type=kind, metavar=name.upper(), help=_with_default(name, text)
+        )
     parser.add_argument("--compile", action="store_true", default=None, help="torch.compile")
     parser.add_argument(
         "--fsdp",
@@ -91,6 +122,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         default=None,
         help="continue from the newest checkpoint in --out, if any",
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        default=None,
+        help="replace the run already in --out (without this or --resume, it is refused)",
     )
     parser.add_argument(
         "--no-progress",
@@ -123,24 +160,45 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     return dataclasses.replace(base, **given)
 
 
+def _one_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return text[0] if text else type(err).__name__
+
+
 def train_main(argv: Sequence[str] | None = None) -> int:
-    """Console script ``niels-train``. Exit 0 done, 1 the run failed, 2 bad arguments."""
+    """Console script ``niels-train``.
+
+    Exit 0 done; 1 the run failed (corpus, checkpoint); 2 bad arguments, a
+    device this machine lacks, or an ``--out`` that holds a run (``--resume``,
+    ``--overwrite``). Errors are one line on stderr, never a traceback.
+    """
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         cfg = config_from_args(args)
     except ValueError as err:
         parser.error(str(err))
-    from niels_gpt_experiments.trainer import train  # torch loads only for a real run
+    from niels_gpt.device import DeviceUnavailableError, resolve_device  # torch loads here
+    from niels_gpt_experiments.progress import rate_text
+    from niels_gpt_experiments.trainer import RunExistsError, train
 
     try:
+        resolve_device(cfg.device)
+    except (ValueError, DeviceUnavailableError) as err:
+        print(f"niels-train: --device {cfg.device}: {_one_line(err)}", file=sys.stderr)
+        return 2
+    try:
         result = train(cfg)
+    except RunExistsError as err:
+        print(f"niels-train: {_one_line(err)}", file=sys.stderr)
+        return 2
     except (CorpusError, CheckpointError) as err:
-        print(f"niels-train: {err}", file=sys.stderr)
+        print(f"niels-train: {_one_line(err)}", file=sys.stderr)
         return 1
     if result.val_losses and result.rank == 0:
         step, val = max(result.val_losses.items())
-        print(f"done: step {step}, val loss {val:.4f}, {result.tokens_per_s:,.0f} tokens/s")
+        rate = rate_text(result.tokens_per_s)  # the bar's last figure: one definition
+        print(f"done: step {step}, val loss {val:.4f}, {rate} (the run's average)")
     return 0
 
 

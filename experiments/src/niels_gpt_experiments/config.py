@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -10,14 +11,35 @@ from typing import Any, Literal
 import torch
 
 from niels_gpt.config import ModelConfig
+from niels_gpt_experiments.checkpoint import CheckpointError
 from niels_gpt_experiments.corpus import CorpusSpec
 from niels_gpt_experiments.models import ModelKind, matched_v0_d_ff
 
-__all__ = ["AUTOCAST_DTYPES", "QUICK", "Precision", "TrainConfig", "quick"]
+__all__ = [
+    "AUTOCAST_DTYPES",
+    "QUICK",
+    "Precision",
+    "TrainConfig",
+    "check_same_run",
+    "default_warmup",
+    "quick",
+]
 
 V = 256  # byte-level: one token per byte
 
 Precision = Literal["fp32", "bf16", "fp16"]
+
+# The warm-up when --warmup is not given: a tenth of the run, at most 100 steps,
+# so a short run (--steps 100, 50, 5) spends most of its steps past the warm-up.
+MAX_DEFAULT_WARMUP = 100
+WARMUP_FRACTION = 10
+
+
+def default_warmup(steps: int) -> int:
+    """``min(100, steps // 10)``: the warm-up of a run that does not set one."""
+    return min(MAX_DEFAULT_WARMUP, steps // WARMUP_FRACTION)
+
+
 AUTOCAST_DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 # Fields that decide the loss curve itself. A resumed run must agree with its
@@ -54,6 +76,9 @@ class TrainConfig:
     ``d_ff`` is v1's SwiGLU width (default ``3 * C``); a v0 model takes the GELU
     width that matches v1's parameter count at that ``d_ff``.
     ``checkpoint_every=None`` checkpoints at every evaluation and at the end.
+    ``warmup=None`` warms up for ``default_warmup(steps)`` = ``min(100, steps // 10)``
+    steps. ``overwrite`` lets a fresh run replace the run already in ``out_dir``
+    (without it, and without ``resume``, such a run is refused).
 
     Raises:
         ValueError: a value out of range (checked on construction).
@@ -76,7 +101,7 @@ class TrainConfig:
     grad_accum: int = 1
     lr: float = 1e-3
     min_lr_ratio: float = 0.1
-    warmup: int = 100
+    warmup: int | None = None  # None: default_warmup(steps)
     weight_decay: float = 0.1
     betas: tuple[float, float] = (0.9, 0.95)
     grad_clip: float = 1.0
@@ -97,6 +122,7 @@ class TrainConfig:
     resume: bool = False
     stop_after: int | None = None
     progress: bool = True
+    overwrite: bool = False
 
     def __post_init__(self) -> None:
         if self.model not in ("v0", "v1"):
@@ -117,8 +143,12 @@ class TrainConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
-        if not 0 <= self.warmup <= self.steps:
-            raise ValueError(f"warmup must be in [0, steps={self.steps}], got {self.warmup}")
+        if self.warmup is not None and not 0 <= self.warmup <= self.steps:
+            raise ValueError(
+                f"--warmup must be in [0, --steps] = [0, {self.steps}], got {self.warmup}; "
+                f"leave it out for min({MAX_DEFAULT_WARMUP}, steps // {WARMUP_FRACTION}) = "
+                f"{default_warmup(self.steps)}"
+            )
         if not (self.lr > 0 and 0 <= self.min_lr_ratio <= 1 and self.weight_decay >= 0):
             raise ValueError(
                 f"need lr > 0, 0 <= min_lr_ratio <= 1, weight_decay >= 0; got lr={self.lr}, "
@@ -130,7 +160,9 @@ class TrainConfig:
                 f"{self.temperature}, {self.sample_tokens}"
             )
         if self.stop_after is not None and not 1 <= self.stop_after <= self.steps:
-            raise ValueError(f"stop_after must be in [1, {self.steps}], got {self.stop_after}")
+            raise ValueError(
+                f"--stop-after must be in [1, --steps] = [1, {self.steps}], got {self.stop_after}"
+            )
         if self.checkpoint_every is not None and self.checkpoint_every < 1:
             raise ValueError(f"checkpoint_every must be >= 1, got {self.checkpoint_every}")
         if self.fsdp and self.precision == "fp16":
@@ -156,6 +188,11 @@ class TrainConfig:
         if self.model == "v1":
             return v1
         return dataclasses.replace(v1, d_ff=matched_v0_d_ff(v1))
+
+    @property
+    def warmup_steps(self) -> int:
+        """The warm-up this run uses: ``warmup``, or ``default_warmup(steps)`` when unset."""
+        return default_warmup(self.steps) if self.warmup is None else self.warmup
 
     def corpus_spec(self) -> CorpusSpec:
         return CorpusSpec(path=self.corpus, include=self.include, val_permille=self.val_permille)
@@ -184,7 +221,6 @@ QUICK: dict[str, Any] = {
     "H": 2,
     "steps": 20,
     "batch_size": 8,
-    "warmup": 4,
     "eval_every": 10,
     "eval_batches": 2,
     "sample_tokens": 24,
@@ -194,3 +230,28 @@ QUICK: dict[str, Any] = {
 def quick(cfg: TrainConfig) -> TrainConfig:
     """``cfg`` shrunk to a run of seconds (what ``--quick`` does)."""
     return dataclasses.replace(cfg, **QUICK)
+
+
+def _effective(settings: dict[str, Any]) -> dict[str, Any]:
+    """Settings as the run used them: an unset warm-up is the default it got."""
+    warmup = settings.get("warmup")
+    steps = settings.get("steps")
+    if warmup is None and isinstance(steps, int):
+        return {**settings, "warmup": default_warmup(steps)}
+    return settings
+
+
+def check_same_run(saved_json: str, cfg: TrainConfig) -> None:
+    """Refuse to resume a checkpoint whose run-defining settings differ from ``cfg``'s.
+
+    Raises:
+        CheckpointError: the settings that changed, each ``name old -> new``.
+    """
+    saved, now = _effective(json.loads(saved_json)), _effective(cfg.as_json())
+    changed = [
+        f"{k} {saved.get(k)!r} -> {now[k]!r}" for k in RUN_DEFINING if saved.get(k) != now[k]
+    ]
+    if changed:
+        raise CheckpointError(
+            "--resume needs the checkpoint's own settings; changed: " + "; ".join(changed)
+        )

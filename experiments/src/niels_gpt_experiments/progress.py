@@ -22,11 +22,16 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-__all__ = ["Display", "MetricsLog"]
+__all__ = ["Display", "MetricsLog", "rate_text"]
+
+
+def rate_text(tokens_per_s: float) -> str:
+    """How the bar and the closing line print ``TrainResult.tokens_per_s``: ``1,234 tokens/s``."""
+    return f"{tokens_per_s:,.0f} tokens/s"
 
 
 class Display:
-    """Progress bar with loss, tokens/s and ETA; silent when not ``enabled``."""
+    """Progress bar with loss, the run's tokens/s so far and ETA; silent when not ``enabled``."""
 
     def __init__(self, enabled: bool, total: int, bar: bool = True) -> None:
         self.enabled = enabled
@@ -38,7 +43,7 @@ class Display:
                 MofNCompleteColumn(),
                 BarColumn(),
                 TextColumn("loss {task.fields[loss]}"),
-                TextColumn("{task.fields[tps]} tok/s"),
+                TextColumn("{task.fields[tps]}"),
                 TextColumn("ETA"),
                 TimeRemainingColumn(),
                 TimeElapsedColumn(),
@@ -60,9 +65,10 @@ class Display:
             self._progress.stop()
 
     def step(self, step: int, loss: float, tokens_per_s: float) -> None:
+        """Show step ``step`` done; ``tokens_per_s`` is the run's so far (``TrainResult``)."""
         if self._progress is not None:
             self._progress.update(
-                self._task, completed=step, loss=f"{loss:.4f}", tps=f"{tokens_per_s:,.0f}"
+                self._task, completed=step, loss=f"{loss:.4f}", tps=rate_text(tokens_per_s)
             )
 
     def say(self, text: str) -> None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,18 +24,20 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 
 from niels_gpt_experiments import checkpoint
 from niels_gpt_experiments.batches import Layout, read_rows, train_offsets
-from niels_gpt_experiments.config import AUTOCAST_DTYPES, RUN_DEFINING, TrainConfig
+from niels_gpt_experiments.config import AUTOCAST_DTYPES, TrainConfig, check_same_run
 from niels_gpt_experiments.corpus import Corpus, open_corpus
 from niels_gpt_experiments.evaluation import evaluate, next_token_loss, show_samples
+from niels_gpt_experiments.loading import model_record
 from niels_gpt_experiments.models import build_model, n_params
 from niels_gpt_experiments.parallel import Mode, check_tied, choose_mode, gradient_sync, wrap
 from niels_gpt_experiments.progress import Display, MetricsLog
+from niels_gpt_experiments.rundir import RunExistsError, claim_out_dir
 from niels_gpt_experiments.runtime import Runtime, all_gather_objects, all_reduce_sum, barrier
 from niels_gpt_experiments.runtime import start as start_runtime
 from niels_gpt_experiments.runtime import stop as stop_runtime
 from niels_gpt_experiments.schedule import make_scheduler
 
-__all__ = ["TrainResult", "accumulate_gradients", "train"]
+__all__ = ["RunExistsError", "TrainResult", "accumulate_gradients", "train"]
 
 
 @dataclass
@@ -51,17 +52,25 @@ class TrainResult:
     first_step: int  # 0, or the checkpoint step this run resumed from
     losses: dict[int, float] = field(default_factory=dict)  # step -> train loss
     val_losses: dict[int, float] = field(default_factory=dict)  # step -> validation loss
-    step_seconds: list[float] = field(default_factory=list)
+    step_seconds: list[float] = field(default_factory=list)  # each step's own compute
+    seconds: float = 0.0  # wall time from this run's first step to the end of its last
     corpus_meta: dict[str, Any] = field(default_factory=dict)
     final_state: dict[str, torch.Tensor] | None = None  # full weights, with keep_state
 
     @property
     def tokens_per_s(self) -> float:
-        """Median training throughput over this run's steps, the first two excluded."""
-        timed = self.step_seconds[2:] or self.step_seconds
-        if not timed:
+        """The run's throughput, the one figure niels-train and niels-ablate show.
+
+        Tokens this run trained (its steps times ``tokens_per_step``) over the
+        wall time from the start of its first step to the end of its last,
+        evaluations, samples and checkpoints included: the rate at which the
+        run gets through its tokens. The progress bar shows it so far, each
+        ``metrics.jsonl`` step line records it so far, the closing line and
+        ``niels-ablate`` the final value. NaN before the first step.
+        """
+        if not self.losses or self.seconds <= 0:
             return float("nan")
-        return self.config.tokens_per_step / statistics.median(timed)
+        return len(self.losses) * self.config.tokens_per_step / self.seconds
 
 
 def _autocast(cfg: TrainConfig, device: torch.device) -> contextlib.AbstractContextManager[object]:
@@ -109,17 +118,6 @@ def _restore_rng(
         torch.cuda.set_rng_state(cuda, runtime.device)
 
 
-def _check_same_run(saved_json: str, cfg: TrainConfig) -> None:
-    saved, now = json.loads(saved_json), cfg.as_json()
-    changed = [
-        f"{k} {saved.get(k)!r} -> {now[k]!r}" for k in RUN_DEFINING if saved.get(k) != now[k]
-    ]
-    if changed:
-        raise checkpoint.CheckpointError(
-            "--resume needs the checkpoint's own settings; changed: " + "; ".join(changed)
-        )
-
-
 def _open_corpus(cfg: TrainConfig, runtime: Runtime) -> Corpus:
     if runtime.is_main:  # rank 0 builds the arrays once; the others map them
         corpus = open_corpus(cfg.corpus_spec(), cfg.data_dir)
@@ -138,6 +136,7 @@ def train(cfg: TrainConfig, *, keep_state: bool = False) -> TrainResult:
     Raises:
         ValueError, CorpusError: bad settings or corpus.
         CheckpointError: ``--resume`` onto a checkpoint of different settings.
+        RunExistsError: ``out_dir`` holds a run, and ``cfg`` neither resumes nor overwrites.
         TiedWeightError: the embedding/head tie broke (never expected).
     """
     runtime = start_runtime(cfg.device, need_group=cfg.fsdp)
@@ -181,6 +180,7 @@ def accumulate_gradients(
 
 
 def _train(cfg: TrainConfig, runtime: Runtime, keep_state: bool) -> TrainResult:
+    claim_out_dir(cfg, runtime.is_main)  # before any collective: every rank decides alike
     device = runtime.device
     layout = Layout(cfg.batch_size, runtime.world, runtime.rank, cfg.grad_accum)
     corpus = _open_corpus(cfg, runtime)
@@ -194,14 +194,14 @@ def _train(cfg: TrainConfig, runtime: Runtime, keep_state: bool) -> TrainResult:
     mode = choose_mode(cfg.fsdp, runtime.world)
     engine = wrap(model, mode, runtime)
     optimizer = _optimizer(model, cfg)
-    scheduler = make_scheduler(optimizer, cfg.warmup, cfg.steps, cfg.min_lr_ratio)
+    scheduler = make_scheduler(optimizer, cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio)
     scaler = torch.amp.GradScaler(device.type, enabled=cfg.precision == "fp16")
     display = Display(runtime.is_main, cfg.steps, bar=cfg.progress)
 
     found = checkpoint.latest(cfg.out_dir) if cfg.resume else None
     if found is not None:
         state = checkpoint.load(found, model, optimizer, runtime)
-        _check_same_run(state["config"], cfg)
+        check_same_run(state["config"], cfg)
         scheduler.load_state_dict(state["scheduler"])
         scaler.load_state_dict(state["scaler"])
         first = int(state["step"])
@@ -227,9 +227,15 @@ def _train(cfg: TrainConfig, runtime: Runtime, keep_state: bool) -> TrainResult:
     )
     if runtime.is_main:
         cfg.out_dir.mkdir(parents=True, exist_ok=True)
-        meta = {"config": cfg.as_json(), "corpus": corpus.meta, "params": result.n_params}
+        meta = {
+            **model_record(cfg.model, cfg.model_config()),
+            "config": cfg.as_json(),
+            "corpus": corpus.meta,
+            "params": result.n_params,
+        }
         (cfg.out_dir / "run.json").write_text(json.dumps(meta, indent=2) + "\n")
 
+    started = time.perf_counter()  # result.seconds counts from here
     with display.running(first):
         for step in range(first, last):
             t0 = time.perf_counter()
@@ -250,14 +256,6 @@ def _train(cfg: TrainConfig, runtime: Runtime, keep_state: bool) -> TrainResult:
             done = step + 1
             result.losses[done] = mean_loss
             result.step_seconds.append(seconds)
-            display.step(done, mean_loss, cfg.tokens_per_step / seconds)
-            log.write(
-                step=done,
-                loss=mean_loss,
-                lr=lr,
-                tokens=done * cfg.tokens_per_step,
-                tokens_per_s=cfg.tokens_per_step / seconds,
-            )
 
             due = done % cfg.eval_every == 0 or done == cfg.steps
             if due:
@@ -278,6 +276,16 @@ def _train(cfg: TrainConfig, runtime: Runtime, keep_state: bool) -> TrainResult:
                 checkpoint.save(
                     cfg.out_dir, done, model, optimizer, saved, runtime, cfg.keep_checkpoints
                 )
+            result.seconds = time.perf_counter() - started  # this step's eval and save included
+            display.step(done, mean_loss, result.tokens_per_s)
+            log.write(
+                step=done,
+                loss=mean_loss,
+                lr=lr,
+                tokens=done * cfg.tokens_per_step,
+                tokens_per_s=result.tokens_per_s,
+                step_seconds=seconds,
+            )
     check_tied(model)
     if keep_state:
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)

@@ -19,7 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from niels_gpt_contracts.checks.staleness import fresh_failures, stale_section
 from niels_gpt_contracts.errors import ConfigError
+from niels_gpt_contracts.fingerprint import Fingerprint
 from niels_gpt_contracts.result import BROKEN, KEPT, NOT_RUN, Outcome, Violation
 from niels_gpt_contracts.spec import Spec
 
@@ -34,6 +36,9 @@ class DeviceReport:
     invariants: dict[str, dict[str, Any]] = field(default_factory=dict)
     tree: str | None = None  # None: produced by the verdict itself, nothing to compare
     narrowed_by: tuple[str, ...] = ()
+    # Format 2 (report_sections): per-stage sections and per-test outcomes with keys.
+    sections: dict[str, dict[str, Any]] | None = None
+    tests: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def load_report(path: Path, device: str | None = None) -> DeviceReport:
@@ -68,7 +73,31 @@ def load_report(path: Path, device: str | None = None) -> DeviceReport:
         if not ok:
             raise ConfigError(f"{path}: expected counts for invariant {inv!r}, found {counts!r}")
     tree, narrowed = _source(path, data.get("source"))
-    return DeviceReport(found, str(path), status, data["invariants"], tree, narrowed)
+    sections, tests = _sections(path, data)
+    return DeviceReport(
+        found, str(path), status, data["invariants"], tree, narrowed, sections, tests
+    )
+
+
+def _sections(
+    path: Path, data: dict[str, Any]
+) -> tuple[dict[str, dict[str, Any]] | None, dict[str, dict[str, Any]]]:
+    """A format-2 report's sections and tests; ``(None, {})`` for an older report."""
+    if data.get("format") != 2:
+        return None, {}
+    sections, tests = data.get("sections"), data.get("tests")
+    fine = (
+        isinstance(sections, dict)
+        and isinstance(tests, dict)
+        and all(isinstance(v, dict) for v in (*sections.values(), *tests.values()))
+        and all(isinstance(v.get("collected", []), list) for v in sections.values())
+    )
+    if not (fine and isinstance(sections, dict) and isinstance(tests, dict)):
+        raise ConfigError(
+            f"{path}: expected 'sections' and 'tests' objects in a format-2 report, found "
+            f"{type(sections).__name__} and {type(tests).__name__}"
+        )
+    return sections, tests
 
 
 def _source(path: Path, source: Any) -> tuple[str, tuple[str, ...]]:
@@ -104,8 +133,19 @@ def _test_path(nodeid: str) -> str:
     return nodeid.split("::", 1)[0]
 
 
-def _unusable(report: DeviceReport, tree: str | None) -> tuple[str, str] | None:
-    """``(rule, why)`` when the report cannot speak for the tree under judgement."""
+def _unusable(
+    report: DeviceReport, tree: str | None, spec: Spec | None = None
+) -> tuple[str, str] | None:
+    """``(rule, why)`` when the report cannot speak for the tree under judgement.
+
+    A format-2 report judged against a ``Fingerprint`` is judged stage by stage
+    (``staleness``); any other by its whole tree and selection.
+    """
+    if spec is not None and report.sections is not None and isinstance(tree, Fingerprint):
+        ids = {f"{spec.id}.{inv.id}" for inv in spec.invariants}
+        return stale_section(
+            report.device, report.path, report.sections, report.tests, ids, spec.id, tree.stages
+        )
     if report.narrowed_by:
         return "device.partial", (
             f"the {report.device} report ({report.path}) covers a narrowed selection "
@@ -131,7 +171,24 @@ def device_outcome(
     check = f"device:{device}"
     ids = [f"{spec.id}.{inv.id}" for inv in spec.invariants]
     lines = {f"{spec.id}.{inv.id}": inv.line for inv in spec.invariants}
-    unusable = _unusable(report, tree) if report is not None else None
+    unusable = _unusable(report, tree, spec) if report is not None else None
+    if report is not None and unusable is not None and isinstance(tree, Fingerprint):
+        # A failure recorded on this very tree stands, whatever else is stale.
+        fresh = fresh_failures(report.tests, set(ids), tree.stages)
+        if fresh:
+            vs = [
+                Violation(
+                    "device.failed",
+                    _test_path(tests[0]),
+                    None,
+                    f"invariant {inv!r}: {len(tests)} test(s) failed on {device}: "
+                    f"{', '.join(tests)}",
+                    spec.id,
+                    check,
+                )
+                for inv, tests in fresh.items()
+            ]
+            return Outcome(spec.id, check, BROKEN, f"failed on this tree; {unusable[1]}", vs)
     if report is None or unusable is not None:
         rule, why = unusable or ("device.not-run", f"no report for {device} (tests not run there)")
         if required:
@@ -169,7 +226,9 @@ def device_outcome(
     if not unverified:
         return Outcome(spec.id, check, KEPT, summary)
     summary += f"; not verified (skipped or absent): {', '.join(unverified)}"
-    if report.exitstatus != 0:
+    section = (report.sections or {}).get(spec.id, {})
+    status = section.get("exitstatus", report.exitstatus)
+    if status != 0:
         vs = [
             Violation(
                 "device.incomplete",
@@ -177,7 +236,7 @@ def device_outcome(
                 lines[inv],
                 f"invariant {inv!r} not "
                 f"verified on {device}: the run ended with pytest exit status "
-                f"{report.exitstatus} ({report.path})",
+                f"{status} ({report.path})",
                 spec.id,
                 check,
             )

@@ -79,6 +79,8 @@ def open_pr(repo_dir: Path, base_rev: str, head_rev: str | None, stage: str | No
 
 
 def stage_from_trailers(repo: GitRepo, merge_base: str, head: str) -> str:
+    if merge_base == head:
+        raise ConfigError(f"no commits between base and head (head {head[:12]} is in base)")
     found = repo.stage_trailers(merge_base, head)
     stages = sorted({s for _, s in found})
     span = f"{merge_base[:12]}..{head[:12]}"

@@ -1,0 +1,270 @@
+"""The FastAPI app: the page, the generation API (JSON and server-sent events), attention.
+
+Routes (OpenAPI schema at ``/openapi.json``, browsable at ``/docs``)::
+
+    GET  /                      the page (and /app.js, /style.css beside it)
+    GET  /api/model             what is served and the limits of a request
+    GET  /api/health            "ok" and the batcher's counters
+    POST /api/generate          one JSON answer when the generation is done
+    POST /api/generate/stream   the same as server-sent events, a token at a time
+    POST /api/attention         every layer's and head's attention over a token sequence
+
+No route reads a file path from a request: the page's three files are read
+from the package once, when the app is built.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from importlib import resources
+
+from fastapi import FastAPI, Request
+from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+
+from niels_gpt.config import ModelConfig
+from niels_gpt.model.gpt import GPT
+from niels_gpt_serve import __version__
+from niels_gpt_serve.batcher import Batcher, Busy, Done, Event, Failed, Ticket, Token
+from niels_gpt_serve.engine import Engine, PaddedEngine, attention_maps
+from niels_gpt_serve.errors import BodyLimit, error_body, install_handlers
+from niels_gpt_serve.limits import Limits, check_attention, check_generate
+from niels_gpt_serve.sampling import Knobs
+from niels_gpt_serve.schemas import (
+    MAX_SEED,
+    AttentionRequest,
+    AttentionResponse,
+    GenerateRequest,
+    GenerateResponse,
+    ModelInfo,
+)
+from niels_gpt_serve.tokens import byte_label, decode, labels
+
+__all__ = ["Served", "create_app"]
+
+_PAGE_FILES = {"index.html": "text/html", "app.js": "text/javascript", "style.css": "text/css"}
+
+
+@dataclass(frozen=True)
+class Served:
+    """The model being served and where it came from."""
+
+    model: GPT
+    config: ModelConfig
+    arch: str
+    run: str
+    step: int
+
+
+def _page_files() -> dict[str, bytes]:
+    static = resources.files("niels_gpt_serve") / "static"
+    return {name: (static / name).read_bytes() for name in _PAGE_FILES}
+
+
+class _Generation:
+    """One request's events, from the batcher's thread to this event loop."""
+
+    def __init__(self, batcher: Batcher, req: GenerateRequest, prompt: list[int]) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.events: asyncio.Queue[Event] = asyncio.Queue()
+        self.seed = req.seed if req.seed is not None else secrets.randbelow(MAX_SEED + 1)
+        self.prompt, self.tokens = prompt, list[int]()
+        self.start = time.perf_counter()
+        self.first_ms = 0.0
+        knobs = Knobs(req.temperature, req.top_k, req.top_p)
+        self.ticket: Ticket = batcher.submit(
+            prompt, req.max_new_tokens, knobs, self.seed, req.eos, self._emit
+        )
+
+    def _emit(self, event: Event) -> None:  # on the batcher's thread
+        self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+
+    async def events_until_done(self) -> AsyncIterator[Event]:
+        """Every event up to and including ``Done`` or ``Failed``; cancels the ticket on exit."""
+        try:
+            while True:
+                event = await self.events.get()
+                if isinstance(event, Token):
+                    if not self.tokens:
+                        self.first_ms = (time.perf_counter() - self.start) * 1e3
+                    self.tokens.append(event.token)
+                yield event
+                if not isinstance(event, Token):
+                    return
+        finally:
+            self.ticket.cancel()  # no-op once finished; frees the slot of a client that left
+
+    def answer(self, done: Done) -> GenerateResponse:
+        return GenerateResponse(
+            prompt_tokens=self.prompt,
+            tokens=self.tokens,
+            labels=labels([*self.prompt, *self.tokens]),
+            text=decode(self.tokens),
+            finish_reason=done.reason,
+            seed=self.seed,
+            queued_ms=round(self.first_ms, 3),
+            total_ms=round((time.perf_counter() - self.start) * 1e3, 3),
+        )
+
+
+def _sse(event: str, data: object) -> str:
+    return f"event: {event}\ndata: {json.dumps(data)}\n\n"
+
+
+async def _disconnected(request: Request) -> None:
+    """Return once the client has gone away."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def create_app(
+    served: Served, limits: Limits | None = None, engine: Engine | None = None
+) -> FastAPI:
+    """The app for ``served``; its batcher starts and stops with the app's lifespan."""
+    limits = limits or Limits()
+    cfg = served.config
+    batcher = Batcher(
+        engine or PaddedEngine(served.model),
+        max_batch=limits.max_batch,
+        max_waiting=limits.max_waiting,
+    )
+    page = _page_files()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        batcher.start()
+        try:
+            yield
+        finally:
+            batcher.close()
+
+    app = FastAPI(
+        title="niels-serve",
+        version=__version__,
+        summary="Generate text with a niels_gpt model and see its attention.",
+        lifespan=lifespan,
+    )
+    app.state.batcher = batcher
+    install_handlers(app)
+
+    @app.exception_handler(Busy)
+    async def busy(request: Request, exc: Exception) -> JSONResponse:
+        body = error_body("body", str(exc), "busy")
+        return JSONResponse(body, 503, headers={"Retry-After": "1"})
+
+    @app.exception_handler(GenerationFailed)
+    async def failed(request: Request, exc: Exception) -> JSONResponse:
+        return JSONResponse(error_body("body", str(exc), "failed"), 500)
+
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    async def index() -> Response:
+        return Response(page["index.html"], media_type=_PAGE_FILES["index.html"])
+
+    @app.get("/app.js", include_in_schema=False)
+    async def script() -> Response:
+        return Response(page["app.js"], media_type=_PAGE_FILES["app.js"])
+
+    @app.get("/style.css", include_in_schema=False)
+    async def style() -> Response:
+        return Response(page["style.css"], media_type=_PAGE_FILES["style.css"])
+
+    @app.get("/api/model")
+    async def model_info() -> ModelInfo:
+        """The served model, its sizes and the limits of a request."""
+        return ModelInfo(
+            arch=served.arch,
+            run=served.run,
+            step=served.step,
+            params=sum(p.numel() for p in served.model.parameters()),
+            V=cfg.V, T=cfg.T, C=cfg.C, L=cfg.L, H=cfg.H, d_ff=cfg.d_ff,
+            engine=batcher.engine.name,
+            max_new_tokens=min(limits.max_new_tokens, cfg.T - 1),
+            max_prompt_tokens=cfg.T - 1,
+            max_batch=limits.max_batch,
+            max_body_bytes=limits.max_body_bytes,
+        )  # fmt: skip
+
+    @app.get("/api/health")
+    async def health() -> dict[str, int | str]:
+        """``status: ok`` and the batcher's counters (running, waiting, served, cancelled...)."""
+        return {"status": "ok", **batcher.stats()}
+
+    @app.post("/api/generate", response_model=GenerateResponse)
+    async def generate(req: GenerateRequest, request: Request) -> GenerateResponse | Response:
+        """Generate, and answer once every token is there."""
+        run = _Generation(batcher, req, check_generate(req, cfg, limits))
+        collect = asyncio.ensure_future(_collect(run))
+        gone = asyncio.ensure_future(_disconnected(request))
+        try:
+            await asyncio.wait({collect, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not collect.done():  # the client left: stop generating for it
+                collect.cancel()
+                run.ticket.cancel()
+        if collect.cancelled():
+            return Response(status_code=499)  # nobody reads it: "client closed request"
+        return collect.result()
+
+    @app.post(
+        "/api/generate/stream",
+        response_class=StreamingResponse,
+        responses={200: {"content": {"text/event-stream": {}}}},
+    )
+    async def generate_stream(req: GenerateRequest) -> StreamingResponse:
+        """Generate as server-sent events: ``start`` (prompt tokens, seed), one ``token``
+        (index, id, label) a token, then ``done`` (the JSON answer) or ``error``."""
+        run = _Generation(batcher, req, check_generate(req, cfg, limits))
+
+        async def stream() -> AsyncIterator[str]:
+            yield _sse(
+                "start",
+                {"prompt_tokens": run.prompt, "labels": labels(run.prompt), "seed": run.seed},
+            )
+            async for event in run.events_until_done():
+                if isinstance(event, Token):
+                    token = {"index": event.index, "token": event.token}
+                    yield _sse("token", {**token, "label": byte_label(event.token)})
+                elif isinstance(event, Done):
+                    yield _sse("done", run.answer(event).model_dump())
+                else:
+                    yield _sse("error", error_body("body", event.message, "failed"))
+
+        headers = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+        return StreamingResponse(stream(), media_type="text/event-stream", headers=headers)
+
+    @app.post("/api/attention")
+    async def attention(req: AttentionRequest) -> AttentionResponse:
+        """The attention probabilities over ``tokens`` of the asked layers and heads,
+        rounded to 6 decimals (``GPT.forward_with_attn_trace``, one call a layer)."""
+        layers, heads = check_attention(req, cfg)
+        tokens = list(req.tokens)
+        maps = await asyncio.wrap_future(
+            batcher.call(lambda: attention_maps(served.model, tokens, layers))
+        )  # (len(layers), H, t, t)
+        chosen = maps[:, heads].double().round(decimals=6)  # (layers, heads, t, t)
+        return AttentionResponse(
+            tokens=tokens, labels=labels(tokens), layers=layers, heads=heads,
+            attention=chosen.tolist(),
+        )  # fmt: skip
+
+    app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes)
+    return app
+
+
+class GenerationFailed(RuntimeError):
+    """The model could not finish a request (answered 500, the server goes on)."""
+
+
+async def _collect(run: _Generation) -> GenerateResponse:
+    async for event in run.events_until_done():
+        if isinstance(event, Done):
+            return run.answer(event)
+        if isinstance(event, Failed):
+            raise GenerationFailed(event.message)
+    raise GenerationFailed("the generation ended without an answer")

@@ -1,0 +1,108 @@
+"""``niels-serve``: serve a ``niels-train`` run as a web page and an HTTP API.
+
+    niels-serve                              # the newest run under runs/, or train --quick first
+    niels-serve --checkpoint runs/v1         # that run's newest checkpoint
+    niels-serve --port 8000 --host 127.0.0.1
+
+It prints the page's URL once the socket listens; Ctrl+C stops it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+__all__ = ["build_parser", "listen", "main"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="niels-serve",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add = parser.add_argument
+    add("--checkpoint", type=Path, help="a niels-train run folder (default: the newest in --runs)")
+    add("--runs", type=Path, default=Path("runs"), help="where runs are (default: %(default)s)")
+    add("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
+    add("--port", type=int, default=8000, help="0 picks a free port (default: %(default)s)")
+    add("--device", default="cpu", help="cpu, cuda or mps (default: %(default)s)")
+    add("--max-new-tokens", type=int, default=256, help="cap on a request's max_new_tokens")
+    add("--max-batch", type=int, default=16, help="requests decoded together at most")
+    add("--max-waiting", type=int, default=256, help="requests queued beyond the batch at most")
+    add("--max-body-bytes", type=int, default=65_536, help="largest request body")
+    add("--log-level", default="warning", help="uvicorn's log level (default: %(default)s)")
+    return parser
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host:port`` (port 0: a free one) for uvicorn.
+
+    It is made with ``IPPROTO_TCP`` named: asyncio sets ``TCP_NODELAY`` only on
+    connections whose socket says so, and without it Nagle's algorithm holds
+    each small server-sent event until the client's delayed ACK (~40 ms).
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(128)
+    return sock
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Console script ``niels-serve``. Exit 0 on Ctrl+C, 1 no model or no socket, 2 bad flags."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not 0 <= args.port <= 65535:
+        parser.error(f"--port must be in [0, 65535], got {args.port}")
+    from niels_gpt_serve.limits import Limits
+
+    try:
+        limits = Limits(args.max_new_tokens, args.max_body_bytes, args.max_batch, args.max_waiting)
+    except ValueError as err:
+        parser.error(str(err))
+
+    import uvicorn
+
+    from niels_gpt.model.gpt import GPT
+    from niels_gpt_experiments.loading import load_run
+    from niels_gpt_serve.app import Served, create_app
+    from niels_gpt_serve.runs import ServeError, choose_run, stderr
+
+    try:
+        run_dir = choose_run(args.checkpoint, args.runs, stderr)
+        loaded = load_run(run_dir, device=args.device)
+    except (ServeError, OSError, ValueError, RuntimeError) as err:
+        print(f"niels-serve: {err}", file=sys.stderr)
+        return 1
+    if not isinstance(loaded.model, GPT):
+        print(f"niels-serve: expected a niels_gpt GPT in {run_dir}, got "
+              f"{type(loaded.model).__name__}", file=sys.stderr)  # fmt: skip
+        return 1
+    served = Served(loaded.model, loaded.config, loaded.arch, run_dir.name, loaded.step)
+    app = create_app(served, limits)
+    try:
+        sock = listen(args.host, args.port)
+    except OSError as err:
+        print(f"niels-serve: cannot listen on {args.host}:{args.port}: {err}", file=sys.stderr)
+        return 1
+    host, port = sock.getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+    cfg = loaded.config
+    print(
+        f"niels-serve: {loaded.arch} (T={cfg.T} C={cfg.C} L={cfg.L} H={cfg.H}) from {run_dir}, "
+        f"step {loaded.step}",
+        flush=True,
+    )
+    print(f"niels-serve: open http://{shown}:{port}/ (Ctrl+C stops)", flush=True)
+    server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level, lifespan="on"))
+    server.run(sockets=[sock])
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
