@@ -24,7 +24,14 @@ from niels_gpt_contracts.sandbox.environment import Snapshot
 # the sandbox's pytest loads from the bootstrap copy), never in the checker:
 # they import what the checker does not depend on (pytest, torch). The guard
 # still hashes their files.
-SANDBOX_ONLY = ("_probe", "_runtime_probe", "_bootstrap_site", "zygote", "pytest_plugin")
+SANDBOX_ONLY = (
+    "_probe",
+    "_runtime_probe",
+    "_bootstrap_site",
+    "zygote",
+    "pytest_plugin",
+    "collection",  # the pytest plugin's helper
+)
 
 
 def preload() -> int:
