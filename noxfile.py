@@ -455,7 +455,9 @@ def test_experiments(session: nox.Session) -> None:
     ``-c constraints.txt`` into a new venv; checks that every import resolves
     to that venv; runs the experiment's tests there (the 2-process gloo ones
     included) and ``niels-train --quick`` and ``niels-ablate --quick``;
-    runs ``experiments/examples/typed_stages.py`` there and checks it with
+    checks in a second venv that the rope, attention and fastpath wheels alone,
+    rope uninstalled, leave the other two typed (``typed_two_stages.py``,
+    ``mypy --strict``); runs ``experiments/examples/typed_stages.py`` there and checks it with
     ``mypy --strict`` against the installed wheels. Posargs go to pytest.
     One intra-op thread: the models are tiny and the machine is shared, where
     spinning OpenMP threads only cost time.
@@ -501,6 +503,24 @@ def test_experiments(session: nox.Session) -> None:
     session.run(
         "mypy", "--strict", "--config-file", str(EXPERIMENTS / "pyproject.toml"),
         "--python-executable", python, "--cache-dir", str(tmp.parent / "mypy-cache"), typed,
+    )  # fmt: skip
+    # PEP 561 per stage: three stage wheels alone, one uninstalled, the other two typed.
+    three = tmp / "three"
+    session.run(sys.executable, "-m", "venv", "--without-pip", str(three), external=True)
+    python3 = str(_bin_dir(three) / "python")
+    session.run(
+        "python", "-m", "pip", "--python", python3, "install", "--quiet", "--no-compile",
+        "-c", str(CONSTRAINTS), "torch",
+    )  # fmt: skip
+    session.run(
+        "python", "-m", "pip", "--python", python3, "install", "--quiet", "--no-deps",
+        "--find-links", str(wheels), "niels-gpt-rope", "niels-gpt-attention", "niels-gpt-fastpath",
+    )  # fmt: skip
+    session.run("python", "-m", "pip", "--python", python3, "uninstall", "--yes", "niels-gpt-rope")
+    session.run(
+        "mypy", "--strict", "--config-file", str(EXPERIMENTS / "pyproject.toml"),
+        "--python-executable", python3, "--cache-dir", str(tmp.parent / "mypy-cache-three"),
+        str(EXPERIMENTS / "examples" / "typed_two_stages.py"),
     )  # fmt: skip
     session.run(
         python, "-m", "pytest", "-c", str(EXPERIMENTS / "pyproject.toml"),

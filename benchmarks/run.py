@@ -102,7 +102,7 @@ def _attention_case(shape: tuple[int, int, int, int], device: torch.device, roun
     grad_bthd = grad.transpose(1, 2)  # the explicit core returns (B, T, H, D)
 
     def explicit() -> object:
-        o, _ = core._attend(q, k, v, return_attn=False)
+        o, _ = core._attend(q, k, v, 0, None, return_attn=False)
         return torch.autograd.grad(o, (q, k, v), grad_bthd)
 
     def sdpa() -> object:
@@ -113,7 +113,7 @@ def _attention_case(shape: tuple[int, int, int, int], device: torch.device, roun
         return torch.autograd.grad(ref.attention_textbook(q, k, v), (q, k, v), grad)
 
     with torch.no_grad():
-        o_e, _ = core._attend(q, k, v, return_attn=False)
+        o_e, _ = core._attend(q, k, v, 0, None, return_attn=False)
         o_s = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         torch.testing.assert_close(o_e.transpose(1, 2), o_s, rtol=1e-4, atol=1e-5)
     stats = measure(

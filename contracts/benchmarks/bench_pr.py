@@ -3,7 +3,8 @@
     python contracts/benchmarks/bench_pr.py [--stage attention] [--python PY]
 
 Clones this repository's HEAD into a temporary folder and judges three PRs
-of ``--stage`` from it, each with a ``Stage:`` trailer, on one cache folder:
+of ``--stage`` (edits of its first module, ``modules`` in its spec), each
+with a ``Stage:`` trailer, on one cache folder:
 
 1. *cold*: a docstring edit, on an empty cache: the sandbox environment is
    built from ``constraints.txt`` (unless ``--python``) and every kill of the
@@ -31,6 +32,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import tomllib
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -49,7 +52,9 @@ def load() -> str:
 
 
 def first_module(repo: Path, stage: str) -> Path:
-    return sorted((repo / "packages" / stage / "src").rglob("*.py"))[0]
+    """The stage's first owned module (``modules`` in its spec): its main one."""
+    spec = tomllib.loads((repo / "specs" / f"{stage}.toml").read_text())
+    return repo / "packages" / stage / "src" / spec["modules"][0]
 
 
 def pr(repo: Path, base: str, name: str, stage: str, edit: str) -> None:
@@ -94,7 +99,8 @@ def main() -> None:
         repo, cache = Path(tmp) / "repo", Path(tmp) / "cache"
         subprocess.run(["git", "clone", "-q", str(ROOT), str(repo)], check=True)
         base = git(repo, "rev-parse", "HEAD")
-        print(f"one-stage PRs of {args.stage} on {first_module(repo, args.stage).name}, "
+        module = first_module(repo, args.stage).relative_to(repo)
+        print(f"one-stage PRs of {args.stage} on {module}, "
               f"base {base[:12]}")  # fmt: skip
         for label, edit in (("cold", "docstring"), ("warm", "docstring"), ("code", "code")):
             pr(repo, base, f"bench-{label}", args.stage, edit)

@@ -30,7 +30,8 @@ REPORT_SCHEMA = SCHEMA.with_name("report.schema.json")
 
 ALPHA_SPEC = """\
 #:schema ./spec.schema.json
-schema_version = 2
+schema_version = 3
+version = "1.0.0"
 id = "alpha"
 title = "Alpha stage"
 package = "packages/alpha"
@@ -86,7 +87,8 @@ text = "Rotating twice by one turn equals rotating once by two."
 
 BETA_SPEC = """\
 #:schema ./spec.schema.json
-schema_version = 2
+schema_version = 3
+version = "1.0.0"
 id = "beta"
 title = "Beta stage"
 package = "packages/beta"

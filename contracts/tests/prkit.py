@@ -47,7 +47,8 @@ def spec(
     quoted_deps = ", ".join(f'"{d}"' for d in deps)
     quoted_mods = ", ".join(f'"{m}"' for m in modules)
     no_rules = "" if "[[rules]]" in api else "rules = []\n"
-    return f"""schema_version = 2
+    return f"""schema_version = 3
+version = "1.0.0"
 id = "{stage}"
 title = "The {stage} stage"
 package = "packages/{stage}"

@@ -33,7 +33,7 @@ def test_malformed_spec_names_file_key_and_line(repo: Repo) -> None:
     repo.replace("specs/alpha.toml", 'kind = "function"', 'kind = "funktion"')
     code, _, err = repo.gate("--no-api")
     assert code == 2
-    assert "specs/alpha.toml:21: key 'api[1].kind': expected one of" in err
+    assert "specs/alpha.toml:22: key 'api[1].kind': expected one of" in err
     assert "found str 'funktion'" in err
 
 
@@ -43,7 +43,7 @@ def test_unknown_key_and_missing_key(repo: Repo) -> None:
     code, _, err = repo.gate("--no-api")
     assert code == 2
     assert (
-        "specs/beta.toml:19: key 'paths.line_scoped[0].keywords': expected one of the keys" in err
+        "specs/beta.toml:20: key 'paths.line_scoped[0].keywords': expected one of the keys" in err
     )
     assert "specs/beta.toml:1: key 'title': expected this key, found it missing" in err
 
@@ -52,12 +52,12 @@ def test_toml_syntax_error(repo: Repo) -> None:
     repo.replace("specs/alpha.toml", 'title = "Alpha stage"', "title = ")
     code, _, err = repo.gate("--no-api")
     assert code == 2
-    assert "specs/alpha.toml:4: expected TOML" in err
+    assert "specs/alpha.toml:5: expected TOML" in err
 
 
 def test_malformed_spec_at_base_fails_the_pr_gate(repo: Repo) -> None:
     repo.git("checkout", "-q", "main")
-    repo.replace("specs/alpha.toml", "schema_version = 2", "schema_version = 3")
+    repo.replace("specs/alpha.toml", "schema_version = 3", "schema_version = 4")
     repo.commit("bad spec on main")
     code, _, err = repo.gate("--stage", "alpha", "--base", "main", "--head", "HEAD")
     assert code == 2

@@ -51,7 +51,7 @@ def test_unclaimed_invariant_names_the_spec_line(repo: Repo) -> None:
     code, out = repo.gate_json("--no-api")
     assert code == 1
     (v,) = out["violations"]
-    assert (v["rule"], v["path"], v["line"]) == ("invariant.unclaimed", "specs/alpha.toml", 51)
+    assert (v["rule"], v["path"], v["line"]) == ("invariant.unclaimed", "specs/alpha.toml", 52)
 
 
 def test_marker_naming_no_invariant_fails(repo: Repo) -> None:

@@ -61,7 +61,8 @@ def test_claims_nothing_so_the_gate_never_runs_it():
 """
 
 SPEC = """\
-schema_version = 2
+schema_version = 3
+version = "1.0.0"
 id = "tiny"
 title = "Tiny stage"
 package = "packages/tiny"
@@ -358,3 +359,15 @@ def test_code_that_reads_docstrings_makes_every_text_count(tiny: Path) -> None:
     assert statuses(gate(tiny, "--mutant", "minus")[1]) == {"minus": ("killed", False)}
     module.write_text('"""Tiny."""\n' + SOURCE + "\n\ndef doc():\n    return add.__doc__\n")
     assert statuses(gate(tiny, "--mutant", "minus")[1]) == {"minus": ("killed", False)}
+
+
+def test_a_mutant_marked_for_retargeting_fails_the_gate_unrun(tiny: Path) -> None:
+    """A ``retarget`` mark is for one PR's verdict: on a tree (main) it is a failure."""
+    spec = tiny / "specs/tiny.toml"
+    spec.write_text(SPEC + mutant("minus", "a + b", "a - b", retarget=True))
+    code, out = gate(tiny)
+    assert code == 1
+    assert statuses(out) == {"minus": ("pending", False)}
+    assert out["summary"] == "killed 0/1 (1 pending)" and out["clean"] == []
+    [violation] = out["violations"]
+    assert violation["rule"] == "mutant.pending" and "re-target it" in violation["message"]

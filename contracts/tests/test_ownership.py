@@ -23,6 +23,16 @@ def test_a_module_shadowing_another_stage_is_named(repo: Repo) -> None:
     assert "stage 'alpha' owns" in out["violations"][0]["message"]
 
 
+def test_a_package_of_the_same_name_shadows_a_module(repo: Repo) -> None:
+    """``ngx/alpha_mod/__init__.py`` is imported as ``ngx.alpha_mod`` too (PEP 561 layout)."""
+    repo.write("packages/beta/src/ngx/alpha_mod/__init__.py", "def rotate(x):\n    return x\n")
+    repo.commit()
+    code, out = repo.gate_json(*PR)
+    assert code == 1
+    assert rules(out) == {("module.shadowed", "packages/beta/src/ngx/alpha_mod/__init__.py")}
+    assert "shadows ngx/alpha_mod.py, which stage 'alpha' owns" in out["violations"][0]["message"]
+
+
 @pytest.mark.parametrize("extra", ["ngx/helpers.py", "ngx/__init__.py", "evil.pth", "ngx/data.bin"])
 def test_a_file_the_spec_does_not_list_is_named(repo: Repo, extra: str) -> None:
     repo.write(f"packages/beta/src/{extra}", "x = 1\n")

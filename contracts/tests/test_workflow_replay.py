@@ -38,7 +38,7 @@ pytestmark = pytest.mark.workflow
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKFLOW = ROOT / ".github" / "workflows" / "contracts.yml"
-FASTPATH = "packages/fastpath/src/niels_gpt/model/fastpath.py"
+FASTPATH = "packages/fastpath/src/niels_gpt/model/fastpath/__init__.py"
 PR_JOBS = ("contracts", "test-mps", "test-cuda")
 
 

@@ -14,16 +14,18 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import httpx
 import pytest
+import torch
 
 from niels_gpt.model.gpt import GPT
 from niels_gpt_experiments.loading import load_run
 from niels_gpt_serve.app import Served, create_app
-from niels_gpt_serve.engine import PaddedEngine
+from niels_gpt_serve.cached import CachedEngine
+from niels_gpt_serve.engine import Engine, Tokens
 from niels_gpt_serve.limits import Limits
 from niels_gpt_serve.local import ThreadServer
 
@@ -100,16 +102,23 @@ def client(served: Served, limits: Limits) -> Iterator[httpx.Client]:
         yield http
 
 
-class SlowEngine(PaddedEngine):
-    """``PaddedEngine`` with a pause each step, so a test can act mid-generation."""
+class SlowEngine:
+    """An engine (the app's default, cached) with a pause each step, so a test can act
+    mid-generation."""
 
-    def __init__(self, served: Served, pause_s: float) -> None:
-        super().__init__(served.model)
-        self.pause_s = pause_s
+    def __init__(self, served: Served, pause_s: float, inner: Engine | None = None) -> None:
+        self.inner = inner or CachedEngine(served.model)
+        self.name, self.pause_s = self.inner.name, pause_s
 
-    def next_logits(self, batch):  # type: ignore[no-untyped-def]
+    def next_logits(self, batch: Sequence[Tokens]) -> torch.Tensor:
         time.sleep(self.pause_s)
-        return super().next_logits(batch)
+        return self.inner.next_logits(batch)
+
+    def release(self, key: int) -> None:
+        self.inner.release(key)
+
+    def close(self) -> None:
+        self.inner.close()
 
 
 @pytest.fixture

@@ -10,17 +10,22 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pytest
 import torch
 
+from niels_gpt.model.attention import CausalSelfAttention
+from niels_gpt.model.gpt import GPT
 from niels_gpt.model.kv_cache import generate as stage_generate
 from niels_gpt_serve.app import Served
 from niels_gpt_serve.batcher import Batcher, Done, Event, Failed, Token
-from niels_gpt_serve.engine import PaddedEngine, Tokens
+from niels_gpt_serve.cached import CachedEngine
+from niels_gpt_serve.engine import Engine, PaddedEngine, Tokens
 from niels_gpt_serve.sampling import Knobs
+
+from .conftest import SlowEngine
 
 REQUESTS: list[tuple[str, int, Knobs, int, int | None]] = [
     ("d", 20, Knobs(0.0), 0, None),
@@ -53,9 +58,20 @@ class Collector:
                 return tokens, event
 
 
+ENGINES: dict[str, Callable[[GPT], Engine]] = {"cached": CachedEngine, "padded": PaddedEngine}
+
+
+@pytest.fixture(params=sorted(ENGINES))
+def engine(request: pytest.FixtureRequest, served: Served) -> Iterator[Engine]:
+    """Each engine in turn (the tests run once with each)."""
+    made = ENGINES[request.param](served.model)
+    yield made
+    made.close()
+
+
 @pytest.fixture
-def batcher(served: Served) -> Iterator[Batcher]:
-    b = Batcher(PaddedEngine(served.model), max_batch=8, window_s=0.05)
+def batcher(engine: Engine) -> Iterator[Batcher]:
+    b = Batcher(engine, max_batch=8, window_s=0.05)
     b.start()
     yield b
     b.close()
@@ -95,16 +111,15 @@ def test_requests_that_arrive_together_share_steps_and_keep_their_tokens(
     assert any(d == Done("eos") for _, d in results)  # the eos row left early
 
 
-class Paused(PaddedEngine):
+class Paused(SlowEngine):
     """A short pause a step, so that a second request surely finds the first running."""
 
-    def next_logits(self, batch: Sequence[Tokens]) -> torch.Tensor:
-        time.sleep(0.02)
-        return super().next_logits(batch)
+    def __init__(self, inner: Engine) -> None:
+        self.inner, self.name, self.pause_s = inner, inner.name, 0.02
 
 
-def test_a_request_joins_a_running_batch_between_steps(served: Served) -> None:
-    batcher = Batcher(Paused(served.model), max_batch=8, window_s=0.0)
+def test_a_request_joins_a_running_batch_between_steps(served: Served, engine: Engine) -> None:
+    batcher = Batcher(Paused(engine), max_batch=8, window_s=0.0)
     batcher.start()
     long_spec = ("while True:\n", 40, Knobs(0.9, top_k=50), 21, None)
     late_spec = ("x = ", 10, Knobs(1.1), 22, None)
@@ -123,24 +138,38 @@ def test_a_request_joins_a_running_batch_between_steps(served: Served) -> None:
     assert late_done == first_done == Done("length")
 
 
-def test_the_batched_logits_are_each_row_alone(served: Served) -> None:
-    class Seq:
-        def __init__(self, key: int, text: bytes) -> None:
-            self.key, self.tokens = key, list(text)
+class Seq:
+    def __init__(self, key: int, text: bytes) -> None:
+        self.key, self.tokens = key, list(text)
 
-    seqs: Sequence[Tokens] = [Seq(0, b"a"), Seq(1, b"def f(x):"), Seq(2, b"\x00\xff\n")]
-    engine = PaddedEngine(served.model)
-    got = engine.next_logits(seqs)  # (3, V)
-    for b, seq in enumerate(seqs):
-        with torch.no_grad():
-            want = served.model(torch.tensor([list(seq.tokens)]))[0, -1]  # (V,)
-        torch.testing.assert_close(got[b], want, rtol=1e-4, atol=1e-5)  # float32
+
+def test_the_batched_logits_are_each_row_alone_as_rows_join_and_leave(
+    served: Served, engine: Engine
+) -> None:
+    """A schedule of joins and leaves; at every step each row's logits are the row alone's."""
+    a, b, c, d = Seq(0, b"a"), Seq(1, b"def f(x):"), Seq(2, b"\x00\xff\n"), Seq(3, b"class T:")
+    schedule: list[list[Seq]] = [[a, b], [a, b], [a, b, c], [b, c], [b, c, d], [d], [c, d, a]]
+    a2 = Seq(4, b"x" * 30)  # longer than the frame so far: the others shift right
+    schedule += [[c, d, a2], [d, a2], [a2]]
+    for step, batch in enumerate(schedule):
+        got = engine.next_logits(batch)  # (B, V)
+        for row, seq in enumerate(batch):
+            with torch.no_grad():
+                want = served.model(torch.tensor([seq.tokens]))[0, -1]  # (V,)
+            torch.testing.assert_close(got[row], want, rtol=1e-4, atol=1e-4, msg=f"step {step}")
+            seq.tokens.append((7 * step + row) % 256)  # the next token, any id
+        following = {s.key for s in schedule[step + 1]} if step + 1 < len(schedule) else set()
+        for gone in {s.key for s in batch} - following:
+            engine.release(gone)
     with pytest.raises(ValueError, match="at least one sequence"):
         engine.next_logits([])
 
 
-class Breaking(PaddedEngine):
+class Breaking(SlowEngine):
     """Fails every step whose batch holds a sequence ending in byte 0x21 ('!')."""
+
+    def __init__(self, inner: Engine) -> None:
+        self.inner, self.name, self.pause_s = inner, inner.name, 0.0
 
     def next_logits(self, batch: Sequence[Tokens]) -> torch.Tensor:
         if any(s.tokens[-1] == 0x21 for s in batch):
@@ -148,8 +177,10 @@ class Breaking(PaddedEngine):
         return super().next_logits(batch)
 
 
-def test_a_failing_step_fails_its_requests_and_the_batcher_goes_on(served: Served) -> None:
-    b = Batcher(Breaking(served.model), max_batch=4, window_s=0.05)
+def test_a_failing_step_fails_its_requests_and_the_batcher_goes_on(
+    served: Served, engine: Engine
+) -> None:
+    b = Batcher(Breaking(engine), max_batch=4, window_s=0.05)
     b.start()
     try:
         bad = submit(b, ("oops!", 5, Knobs(0.0), 0, None))
@@ -163,8 +194,8 @@ def test_a_failing_step_fails_its_requests_and_the_batcher_goes_on(served: Serve
         b.close()
 
 
-def test_cancelled_requests_leave_the_batch(served: Served) -> None:
-    b = Batcher(PaddedEngine(served.model), max_batch=2, max_waiting=1, window_s=0.0)
+def test_cancelled_requests_leave_the_batch(engine: Engine) -> None:
+    b = Batcher(engine, max_batch=2, max_waiting=1, window_s=0.0)
     b.start()
     try:
         sinks: list[Any] = []
@@ -196,3 +227,19 @@ def test_calls_run_between_steps_on_the_worker_thread(batcher: Batcher) -> None:
     boom = batcher.call(lambda: 1 / 0)
     with pytest.raises(ZeroDivisionError):
         boom.result(timeout=30)
+
+
+def test_the_cached_engine_hands_the_model_back_as_it_found_it(served: Served) -> None:
+    """No hook and no cache stays on the model after a call, returned or raised."""
+    modules = [m for m in served.model.modules() if isinstance(m, CausalSelfAttention)]
+
+    def untouched() -> bool:
+        return all(not m._forward_pre_hooks and "kv_cache" not in m.__dict__
+                   for m in modules)  # fmt: skip
+
+    engine = CachedEngine(served.model)
+    engine.next_logits([Seq(0, b"ab"), Seq(1, b"c")])
+    assert untouched()
+    with pytest.raises(AssertionError, match=r"cfg\.T"):  # InputError: longer than T
+        engine.next_logits([Seq(2, bytes(served.config.T + 1))])
+    assert untouched()

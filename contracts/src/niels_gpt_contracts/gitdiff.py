@@ -162,10 +162,14 @@ class GitRepo:
 
     def stage_trailers(self, base: str, head: str) -> list[tuple[str, str]]:
         """``(commit, stage)`` for every ``Stage:`` trailer in ``base..head``."""
+        return self.trailers(base, head, "Stage")
+
+    def trailers(self, base: str, head: str, key: str) -> list[tuple[str, str]]:
+        """``(commit, value)`` for every ``<key>:`` trailer in ``base..head``, oldest last."""
         out = self.git(
             "log",
             "-z",
-            "--format=%h%x1f%(trailers:key=Stage,valueonly,separator=%x1e)",
+            f"--format=%h%x1f%(trailers:key={key},valueonly,separator=%x1e)",
             f"{base}..{head}",
         )
         found: list[tuple[str, str]] = []

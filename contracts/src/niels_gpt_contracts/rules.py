@@ -265,6 +265,52 @@ RULES: dict[str, RuleDoc] = {
         "against the gate.",
         "Look at the reason in the message; fix the tests or the timeout.",
     ),
+    "mutant.pending": RuleDoc(
+        "A mutant is still marked for re-targeting.",
+        "A maintainers' amendment may mark mutants whose code its stage PR rewrites "
+        "(retarget = true): that PR's verdict reports them NOT RUN. Outside that verdict the "
+        "mark means a known bug goes unchecked, so the mutant gate fails on it.",
+        "Rewrite the mutant's find/replace at the new code (the same bug), prove it killed "
+        "(nox -s mutants -- --stage S) and remove the mark, in a maintainers' commit.",
+    ),
+    "amendment.breaking": RuleDoc(
+        "A spec amendment breaks the contract without declaring it.",
+        "A commit with a 'Spec: <stage>' trailer amends that stage's spec. A removed or "
+        "renamed export or parameter, a changed default or return, a dropped invariant or "
+        "rule, a loosened rule, a wider may_change or edited evidence (acceptance tests, "
+        "drivers) is BREAKING: users and later PRs relied on it.",
+        "Add a 'Spec-Break: <reason>' trailer to the amending commit and bump the spec's "
+        "major version, or make the change additive (keyword-only parameters with "
+        "defaults that keep today's behaviour, new exports, invariants, rules).",
+    ),
+    "amendment.version": RuleDoc(
+        "A spec amendment's version does not match its change.",
+        "The spec's version is the contract's: a BREAKING change needs a major bump, an "
+        "ADDITIVE one at least a minor bump, and a version never goes down.",
+        "Set version in specs/<stage>.toml as the message says.",
+    ),
+    "amendment.trailer": RuleDoc(
+        "A spec changed without a 'Spec:' trailer naming its stage.",
+        "Every commit range that changes a stage's spec or its maintainers' evidence "
+        "(specs/<stage>.toml, specs/<stage>/) names the stage in a 'Spec: <stage>' trailer, "
+        "so the amendment is judged as one, and a trailer names an existing stage.",
+        "Add 'Spec: <stage>' to the amending commit's trailers, or fix the stage's name.",
+    ),
+    "amendment.path": RuleDoc(
+        "A spec amendment changes files outside the amended specs.",
+        "An amendment range may change only the named stages' specs/<stage>.toml and "
+        "specs/<stage>/ (and, for a declared break, packages/<stage>/tests/): code passed "
+        "off as an amendment would escape the stage gate.",
+        "Move the other changes into a stage PR ('Stage:' trailer) or a maintainers' change "
+        "of their own.",
+    ),
+    "amendment.invalid": RuleDoc(
+        "An amended spec is not valid.",
+        "The head's spec is validated with the base's schema: an amendment changes a "
+        "contract, not the schema that every contract follows, and it cannot remove a "
+        "stage.",
+        "Fix the key the message names.",
+    ),
     "sandbox.tampered": RuleDoc(
         "A protected file changed while the PR's code ran.",
         "The checker, the sandbox interpreter and the verdict's workspace are hashed "

@@ -47,6 +47,13 @@ META_PATTERNS: tuple[str, ...] = (
 )
 
 
+def import_name(module_path: str) -> str:
+    """The dotted name a module file is imported as: ``niels_gpt/model/rope.py`` and
+    ``niels_gpt/model/rope/__init__.py`` (a package of its own) are both
+    ``niels_gpt.model.rope``."""
+    return module_path.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
+
+
 def compile_patterns(patterns: list[str] | tuple[str, ...]) -> pathspec.GitIgnoreSpec:
     """gitignore-style patterns as a matcher (pathspec does the matching)."""
     return pathspec.GitIgnoreSpec.from_lines(list(patterns))
@@ -127,6 +134,7 @@ class Spec:
     id: str
     path: str
     title: str
+    version: str | None  # MAJOR.MINOR.PATCH (schema 3); None in a schema-2 spec
     package: str
     distribution: str
     depends_on: tuple[str, ...]
@@ -306,6 +314,7 @@ def parse_spec(path: str, text: str, schema: Mapping[str, Any]) -> Spec:
         id=data["id"],
         path=path,
         title=data["title"],
+        version=data.get("version"),
         package=data["package"],
         distribution=data["distribution"],
         depends_on=tuple(data.get("depends_on", [])),

@@ -22,6 +22,7 @@ from niels_gpt.model.attention import CausalSelfAttention
 from niels_gpt.model.blocks import Block
 from niels_gpt.model.fastpath import (
     FastCausalSelfAttention,
+    sdpa_kernel,
     use_explicit_attention,
     use_fast_attention,
 )
@@ -213,7 +214,8 @@ def test_switch_is_in_place_and_shares_everything(device: torch.device) -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     assert use_fast_attention(model) is model
     assert [id(b.attn) for b in model.blocks] == attn_ids
-    assert all(type(b.attn) is FastCausalSelfAttention for b in model.blocks)
+    assert all(b.attn.kernel is sdpa_kernel for b in model.blocks)  # the kernel, nothing else
+    assert all(type(b.attn) is CausalSelfAttention for b in model.blocks)
     after = dict([*model.named_parameters(), *model.named_buffers()])
     assert list(after) == list(before)
     assert all(after[n] is before[n] for n in before)
@@ -227,6 +229,7 @@ def test_switch_is_in_place_and_shares_everything(device: torch.device) -> None:
     assert not torch.equal(w.detach(), old)
     assert use_explicit_attention(model) is model
     assert all(type(b.attn) is CausalSelfAttention for b in model.blocks)
+    assert all(b.attn.kernel is None for b in model.blocks)
     assert all(t is before[n] for n, t in [*model.named_parameters(), *model.named_buffers()])
 
 
@@ -234,7 +237,7 @@ def test_switch_is_in_place_and_shares_everything(device: torch.device) -> None:
 def test_switch_works_on_blocks_and_refuses_unknown_subclasses() -> None:
     block = Block(ModelConfig(V=8, T=8, C=8, H=2, d_ff=8))
     assert use_fast_attention(block) is block
-    assert type(block.attn) is FastCausalSelfAttention
+    assert block.attn.kernel is sdpa_kernel and type(block.attn) is CausalSelfAttention
 
     class Custom(CausalSelfAttention):
         pass

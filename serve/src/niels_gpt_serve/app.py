@@ -19,7 +19,7 @@ import asyncio
 import json
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from importlib import resources
@@ -31,6 +31,7 @@ from niels_gpt.config import ModelConfig
 from niels_gpt.model.gpt import GPT
 from niels_gpt_serve import __version__
 from niels_gpt_serve.batcher import Batcher, Busy, Done, Event, Failed, Ticket, Token
+from niels_gpt_serve.cached import CachedEngine
 from niels_gpt_serve.engine import Engine, PaddedEngine, attention_maps
 from niels_gpt_serve.errors import BodyLimit, error_body, install_handlers
 from niels_gpt_serve.limits import Limits, check_attention, check_generate
@@ -45,7 +46,10 @@ from niels_gpt_serve.schemas import (
 )
 from niels_gpt_serve.tokens import byte_label, decode, labels
 
-__all__ = ["Served", "create_app"]
+__all__ = ["ENGINES", "Served", "create_app"]
+
+#: The engines ``niels-serve --engine`` offers, by name.
+ENGINES: dict[str, Callable[[GPT], Engine]] = {"cached": CachedEngine, "padded": PaddedEngine}
 
 _PAGE_FILES = {"index.html": "text/html", "app.js": "text/javascript", "style.css": "text/css"}
 
@@ -129,7 +133,7 @@ def create_app(
     limits = limits or Limits()
     cfg = served.config
     batcher = Batcher(
-        engine or PaddedEngine(served.model),
+        engine or CachedEngine(served.model),
         max_batch=limits.max_batch,
         max_waiting=limits.max_waiting,
     )
@@ -142,6 +146,7 @@ def create_app(
             yield
         finally:
             batcher.close()
+            batcher.engine.close()
 
     app = FastAPI(
         title="niels-serve",

@@ -37,7 +37,7 @@ import uvicorn
 
 from niels_gpt.config import ModelConfig
 from niels_gpt.model.gpt import GPT
-from niels_gpt_serve.app import Served, create_app
+from niels_gpt_serve.app import ENGINES, Served, create_app
 from niels_gpt_serve.cli import listen
 from niels_gpt_serve.limits import Limits
 
@@ -125,19 +125,23 @@ def _served(model: str) -> Served:
     return Served(GPT(cfg).eval(), cfg, "v1", f"untrained-{name}", 0)
 
 
-def _serve(model: str, limits: Limits, conn: Connection) -> None:
+def _serve(model: str, engine: str, limits: Limits, threads: int, conn: Connection) -> None:
     """The child process: serve ``model`` on a free loopback port, sent back through ``conn``."""
-    app = create_app(_served(model), limits)
+    if threads:
+        torch.set_num_threads(threads)
+    served = _served(model)
+    app = create_app(served, limits, ENGINES[engine](served.model))
     sock = listen("127.0.0.1", 0)
     conn.send(sock.getsockname()[1])
     uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
 
 
 @contextlib.contextmanager
-def _server(model: str, limits: Limits) -> Iterator[str]:
+def _server(model: str, engine: str, limits: Limits, threads: int) -> Iterator[str]:
     ctx = multiprocessing.get_context("spawn")
     parent, child = ctx.Pipe()
-    process = ctx.Process(target=_serve, args=(model, limits, child), daemon=True)
+    args = (model, engine, limits, threads, child)
+    process = ctx.Process(target=_serve, args=args, daemon=True)
     process.start()
     try:
         if not parent.poll(120):
@@ -155,12 +159,15 @@ def _server(model: str, limits: Limits) -> Iterator[str]:
         process.join(30)
 
 
-def bench_model(model: str, clients: int, new_tokens: int, rounds: int) -> float:
+def bench_model(
+    model: str, engine: str, clients: int, new_tokens: int, rounds: int, threads: int = 0
+) -> float:
     """Print one model's lines; return the batched / one-by-one tokens/s ratio."""
     bodies = [_request(i, new_tokens) for i in range(clients)]
     serial: list[Run] = []
     batched: list[Run] = []
-    with _server(model, Limits(max_new_tokens=new_tokens, max_batch=clients)) as url:
+    limits = Limits(max_new_tokens=new_tokens, max_batch=clients)
+    with _server(model, engine, limits, threads) as url:
         info = httpx.get(f"{url}/api/model").json()
         asyncio.run(_pass(url, bodies[:1], together=False))  # warm-up
         for _ in range(rounds):
@@ -193,15 +200,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--checkpoint", type=Path, help="a niels-train run instead of the shapes")
     parser.add_argument("--shape", choices=sorted(SHAPES), action="append", help="default: both")
+    parser.add_argument("--engine", choices=sorted(ENGINES), action="append", help="default: both")
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--new-tokens", type=int, default=40)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--threads", type=int, default=0, help="server's torch threads (0: torch's)"
+    )
     args = parser.parse_args(argv)
     if args.clients < 1 or args.new_tokens < 1 or args.rounds < 1:
         parser.error("--clients, --new-tokens and --rounds must be >= 1")
     print(f"niels-serve bench - {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-          f"torch {torch.__version__} ({torch.get_num_threads()} threads), "
+          f"torch {torch.__version__} ({args.threads or torch.get_num_threads()} threads), "
           f"loadavg at start {_loadavg()}")  # fmt: skip
     if args.checkpoint is not None:
         models = [f"run:{args.checkpoint}"]
@@ -212,7 +223,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             T = SHAPES[model[6:]].T
             if max(len(p) for p in PROMPTS) + args.new_tokens > T:
                 parser.error(f"--new-tokens {args.new_tokens} does not fit {model}'s T={T}")
-        bench_model(model, args.clients, args.new_tokens, args.rounds)
+        for engine in args.engine or ["cached", "padded"]:
+            bench_model(model, engine, args.clients, args.new_tokens, args.rounds, args.threads)
     print(f"loadavg at end {_loadavg()}")
     return 0
 

@@ -30,6 +30,12 @@ def build_parser() -> argparse.ArgumentParser:
     add("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
     add("--port", type=int, default=8000, help="0 picks a free port (default: %(default)s)")
     add("--device", default="cpu", help="cpu, cuda or mps (default: %(default)s)")
+    add(
+        "--engine",
+        choices=("cached", "padded"),
+        default="cached",
+        help="cached: KV caches, rows join between steps; padded: recompute (default: %(default)s)",
+    )
     add("--max-new-tokens", type=int, default=256, help="cap on a request's max_new_tokens")
     add("--max-batch", type=int, default=16, help="requests decoded together at most")
     add("--max-waiting", type=int, default=256, help="requests queued beyond the batch at most")
@@ -70,7 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from niels_gpt.model.gpt import GPT
     from niels_gpt_experiments.loading import load_run
-    from niels_gpt_serve.app import Served, create_app
+    from niels_gpt_serve.app import ENGINES, Served, create_app
     from niels_gpt_serve.runs import ServeError, choose_run, stderr
 
     try:
@@ -84,7 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"{type(loaded.model).__name__}", file=sys.stderr)  # fmt: skip
         return 1
     served = Served(loaded.model, loaded.config, loaded.arch, run_dir.name, loaded.step)
-    app = create_app(served, limits)
+    app = create_app(served, limits, ENGINES[args.engine](loaded.model))
     try:
         sock = listen(args.host, args.port)
     except OSError as err:

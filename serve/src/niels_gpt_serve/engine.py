@@ -55,6 +55,10 @@ class Engine(Protocol):
         """Forget sequence ``key`` (it finished or was cancelled)."""
         ...
 
+    def close(self) -> None:
+        """Give the model back as it was found (the server stops)."""
+        ...
+
 
 class PaddedEngine:
     """Stateless engine: one ``padding.padded_forward`` of the whole left-padded batch a step.
@@ -91,6 +95,9 @@ class PaddedEngine:
 
     def release(self, key: int) -> None:
         """Nothing is kept between steps."""
+
+    def close(self) -> None:
+        """Nothing to give back."""
 
 
 def attention_maps(model: GPT, tokens: Sequence[int], layers: Sequence[int]) -> torch.Tensor:

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from niels_gpt.checks import InputError
 from niels_gpt.config import ModelConfig
 from niels_gpt.model.attention import CausalSelfAttention
-from niels_gpt.model.fastpath import FastCausalSelfAttention, use_fast_attention
+from niels_gpt.model.fastpath import sdpa_kernel, use_fast_attention
 from niels_gpt.model.gpt import GPT
 from niels_gpt.model.kv_cache import KVCacheAttention, drop_kv_cache, generate, use_kv_cache
 
@@ -429,6 +429,36 @@ def test_prefill_once_then_one_token_a_step_through_one_cache(
             assert [s[5] for s in states] == [0, *range(5, 5 + new - 1)]  # lengths
 
 
+@pytest.mark.invariant("kv_cache.cache_fixed")
+@pytest.mark.parametrize("fast", [False, True])
+def test_caches_are_sized_to_what_the_call_needs(
+    device: torch.device, randomise: Randomise, fast: bool
+) -> None:
+    """2.0: generate's caches hold t + max_new_tokens positions, not cfg.T; use_kv_cache
+    takes max_len (cfg.T by default) and refuses one outside [1, cfg.T]."""
+    cfg = ModelConfig(V=37, T=18, C=24, L=2, H=3, d_ff=16, dropout=0.0)
+    model = _model(cfg, device, torch.float32, randomise, 4, fast)
+    seen, handles = _watch(model)
+    try:
+        generate(model, _tokens(cfg, 2, 3, 1, device), 4, temperature=0)
+    finally:
+        for h in handles:
+            h.remove()
+    D = cfg.C // cfg.H
+    for calls in seen:
+        assert {s[2] for _, _, s in calls} == {(2, cfg.H, 3 + 4, D)}
+    caches = use_kv_cache(model, 2, max_len=5)
+    assert [tuple(c.keys.shape) for c in caches] == [(2, cfg.H, 5, D)] * cfg.L
+    assert [tuple(c.values.shape) for c in use_kv_cache(model, 1)] == [(1, cfg.H, cfg.T, D)] * 2
+    kept = [b.attn.kv_cache for b in model.blocks]
+    for bad in (0, cfg.T + 1, True, 2.0):
+        with pytest.raises(TypeError):
+            use_kv_cache(model, 2, max_len=bad)  # type: ignore[arg-type]
+    assert [b.attn.kv_cache for b in model.blocks] == kept  # refused: nothing set up
+    drop_kv_cache(model)
+    assert all(getattr(b.attn, "kv_cache", None) is None for b in model.blocks)
+
+
 # --- traces -----------------------------------------------------------------
 
 
@@ -549,8 +579,8 @@ def test_generate_keeps_the_callers_own_caches(device: torch.device, randomise: 
     assert [len(c) for c in caches] == [4, 4]
     for c, (k, v) in zip(caches, kept, strict=True):
         assert torch.equal(c.keys, k) and torch.equal(c.values, v)
-    drop_kv_cache(model)  # still knows the fast class it came from
-    assert all(type(b.attn) is FastCausalSelfAttention for b in model.blocks)
+    drop_kv_cache(model)  # the fast path's kernel stays
+    assert all(b.attn.kernel is sdpa_kernel for b in model.blocks)
     assert torch.equal(got, generate(model, _tokens(cfg, 3, 2, 2, device), 6, temperature=0))
 
 
@@ -642,6 +672,17 @@ def test_generate_rejects_bad_input_before_any_work(
             handle.remove()
     assert forwards == []  # not even GPT.forward's own checks ran
     assert all(type(b.attn) is CausalSelfAttention for b in model.blocks)
+
+
+@pytest.mark.invariant("kv_cache.rejects_bad_input")
+@pytest.mark.parametrize("t", [3, BAD_CFG.T])
+def test_a_too_long_generation_is_named_as_prompt_plus_new_tokens(
+    device: torch.device, randomise: Randomise, t: int
+) -> None:
+    """2.1: generate's own check names what is too long (t + max_new_tokens against cfg.T)."""
+    model = _model(BAD_CFG, device, torch.float32, randomise, 0)
+    with pytest.raises(InputError, match=r"t \+ max_new_tokens must be <= cfg\.T = 8"):
+        generate(model, _tokens(BAD_CFG, 2, t, 0, device), BAD_CFG.T - t + 1)
 
 
 @pytest.mark.invariant("kv_cache.rejects_bad_input")

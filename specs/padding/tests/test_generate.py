@@ -27,10 +27,10 @@ import niels_gpt.model.rope as rope
 from niels_gpt.checks import InputError
 from niels_gpt.config import ModelConfig
 from niels_gpt.model import kv_cache
-from niels_gpt.model.attention import CausalSelfAttention
-from niels_gpt.model.fastpath import FastCausalSelfAttention, use_fast_attention
+from niels_gpt.model.attention import CausalSelfAttention, KVCache
+from niels_gpt.model.fastpath import sdpa_kernel, use_fast_attention
 from niels_gpt.model.gpt import GPT
-from niels_gpt.model.kv_cache import KVCache, use_kv_cache
+from niels_gpt.model.kv_cache import use_kv_cache
 from niels_gpt.model.padding import generate
 
 Tol = Callable[[torch.dtype], dict[str, float]]
@@ -647,8 +647,8 @@ def test_generate_hands_the_model_back_as_it_was(
     gens = [_generator(device, 1), _generator(device, 2)]
     generate(model, prompt, _mask([2, 0], 4, device), 5, top_p=0.9, generator=gens, trace_layer=1)
     _assert_same_state(model, before)
-    kind = FastCausalSelfAttention if fast else CausalSelfAttention
-    assert all(type(b.attn) is kind for b in model.blocks)
+    assert all(type(b.attn) is CausalSelfAttention for b in model.blocks)
+    assert all(b.attn.kernel is (sdpa_kernel if fast else None) for b in model.blocks)
 
 
 @pytest.mark.invariant("padding.leaves_model")

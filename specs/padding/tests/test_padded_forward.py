@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from niels_gpt.checks import InputError
 from niels_gpt.config import ModelConfig
 from niels_gpt.model.attention import CausalSelfAttention
-from niels_gpt.model.fastpath import FastCausalSelfAttention, use_fast_attention
+from niels_gpt.model.fastpath import sdpa_kernel, use_fast_attention
 from niels_gpt.model.gpt import GPT
 from niels_gpt.model.kv_cache import use_kv_cache
 from niels_gpt.model.padding import padded_forward
@@ -632,8 +632,8 @@ def test_padded_forward_hands_the_model_back_as_it_was(
     logits = padded_forward(model, ids, _mask([3, 0], 8, device), trace_layer=1)[0]
     logits.sum().backward()
     _assert_same_state(model, before)
-    kind = FastCausalSelfAttention if fast else CausalSelfAttention
-    assert all(type(b.attn) is kind for b in model.blocks)
+    assert all(type(b.attn) is CausalSelfAttention for b in model.blocks)
+    assert all(b.attn.kernel is (sdpa_kernel if fast else None) for b in model.blocks)
     model.zero_grad()
     with torch.no_grad():
         padded_forward(model, ids, _mask([0, 5], 8, device))
@@ -751,8 +751,34 @@ def test_padded_forward_rejects_bad_input_before_any_work(
     _assert_same_state(model, before)
 
 
+@pytest.mark.invariant("padding.rejects_bad_input")
+@pytest.mark.invariant("padding.leaves_model")
+@pytest.mark.parametrize("case", sorted(_bad_calls(torch.device("cpu"))))
+def test_no_hook_is_put_on_the_model_before_the_checks(
+    device: torch.device, randomise: Randomise, case: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """2.1: a padded call reaches the attention through hooks; bad input gets none of them,
+    not even for a moment (the checks come first, not the model's own)."""
+    ids, mask, kwargs, _ = _bad_calls(device)[case]
+    model = _model(BAD_CFG, device, torch.float32, randomise, 0)
+    hooked: list[str] = []
+    real = torch.nn.Module.register_forward_pre_hook
+
+    def spy(module: torch.nn.Module, *args: Any, **kw: Any) -> Any:
+        hooked.append(type(module).__name__)
+        return real(module, *args, **kw)
+
+    monkeypatch.setattr(torch.nn.Module, "register_forward_pre_hook", spy)
+    with pytest.raises(InputError):
+        padded_forward(model, ids, mask, **kwargs)
+    assert hooked == []
+
+
 class _OtherAttention(CausalSelfAttention):
-    """An attention subclass whose math the stage cannot know."""
+    """An attention subclass with a forward of its own: the stage cannot know its math."""
+
+    def forward(self, x: torch.Tensor, **kwargs: Any) -> Any:  # type: ignore[override]
+        return super().forward(x, **kwargs)
 
 
 @pytest.mark.invariant("padding.rejects_bad_input")

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from niels_gpt_contracts import fingerprint
 from niels_gpt_contracts.checks import (
+    amendment,
     api,
     autoload,
     devices,
@@ -202,4 +203,8 @@ def add_rule_texts(result: Result, specs: list[Spec]) -> None:
 def run(request: Request) -> Result:
     if request.head and not request.base:
         raise ConfigError("--head: expected --base REV with it, found --head alone")
+    if request.base and request.stage is None:  # 'Spec:' trailers: a maintainers' amendment
+        judged = amendment.judge(request.repo, request.base, request.head)
+        if judged is not None:
+            return judged
     return run_pr(request) if request.base else run_tree(request)

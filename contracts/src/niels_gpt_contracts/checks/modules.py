@@ -5,9 +5,10 @@ Three rules, read from the tree with ``ast`` (nothing is imported):
 - ``module.unlisted``: a file under the stage's ``src/`` that its spec does not
   list (a helper module, a ``.pth`` file, an ``__init__.py``). A ``py.typed``
   marker (PEP 561), in any folder, is the one file every package may add.
-- ``module.shadowed``: such a file sits at the path of a module another stage
-  owns (``packages/attention/src/niels_gpt/model/rope.py``): on a shared import
-  path it would replace that stage's code.
+- ``module.shadowed``: such a file is imported under the name of a module a
+  stage owns (``packages/attention/src/niels_gpt/model/rope.py``, or
+  ``.../rope/__init__.py`` where rope owns ``rope.py``): on a shared import path
+  it would replace that stage's code.
 - ``module.undeclared-import``: a stage module imports a ``niels_gpt`` module
   owned by a stage outside its ``depends_on`` closure (or by no stage), lazily
   inside a function or not. An optional import of a later stage would let a
@@ -22,7 +23,7 @@ from collections.abc import Mapping
 
 from niels_gpt_contracts.gitdiff import Tree
 from niels_gpt_contracts.result import Violation
-from niels_gpt_contracts.spec import Spec
+from niels_gpt_contracts.spec import Spec, import_name
 
 ALWAYS_ALLOWED = ("py.typed",)
 
@@ -66,9 +67,12 @@ def _imported_modules(node: ast.AST, module_path: str) -> list[tuple[int, str]]:
 
 
 def _target(name: str, owned: Mapping[str, str]) -> str | None:
-    """The owned module file a dotted import resolves to, if any."""
-    path = name.replace(".", "/") + ".py"
-    return path if path in owned else None
+    """The owned module file a dotted import resolves to, if any: ``name.py`` or, for
+    a module that is a package of its own (PEP 561 per stage), ``name/__init__.py``."""
+    for path in (name.replace(".", "/") + ".py", name.replace(".", "/") + "/__init__.py"):
+        if path in owned:
+            return path
+    return None
 
 
 def check_imports(
@@ -117,6 +121,8 @@ def check_imports(
 def check_modules(spec: Spec, specs: Mapping[str, Spec], tree: Tree) -> list[Violation]:
     """Every ownership violation of ``spec`` on ``tree``."""
     owned = owners(specs)
+    # One import name, two possible files (rope.py, rope/__init__.py): either shadows.
+    by_name = {import_name(m): (m, stage) for m, stage in owned.items()}
     prefix = spec.src + "/"
     out: list[Violation] = []
     present = {f for f in tree.files() if f.startswith(prefix)}
@@ -124,13 +130,14 @@ def check_modules(spec: Spec, specs: Mapping[str, Spec], tree: Tree) -> list[Vio
         module = path.removeprefix(prefix)
         if module in spec.modules or module.rsplit("/", 1)[-1] in ALWAYS_ALLOWED:
             continue
-        if module in owned:
+        if module.endswith(".py") and import_name(module) in by_name:
+            module, stage = by_name[import_name(module)]
             out.append(
                 Violation(
                     "module.shadowed",
                     path,
                     None,
-                    f"shadows {module}, which stage {owned[module]!r} owns: on one import "
+                    f"shadows {module}, which stage {stage!r} owns: on one import "
                     "path this file would replace that stage's module",
                     spec.id,
                     "modules",

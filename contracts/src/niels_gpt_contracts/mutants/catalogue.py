@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from niels_gpt_contracts.errors import SpecError, SpecErrors
-from niels_gpt_contracts.spec import Spec
+from niels_gpt_contracts.spec import Spec, import_name
 from niels_gpt_contracts.tomllines import key_lines, line_of
 
 SRC_MARKER = "/src/"
@@ -41,6 +41,7 @@ class Mutant:
     occurrence: int | None
     spec_path: str
     line: int | None
+    retarget: bool = False  # marked by an amendment: its stage PR rewrites the code it patches
 
     @property
     def name(self) -> str:
@@ -53,7 +54,7 @@ class Mutant:
 
     @property
     def module(self) -> str:
-        return self.module_path.removesuffix(".py").replace("/", ".")
+        return import_name(self.module_path)
 
     def definition(self) -> str:
         """A stable text of everything that defines the mutant (for the cache key)."""
@@ -132,6 +133,7 @@ def catalogue(spec: Spec, spec_text: str | None = None) -> list[Mutant]:
                 occurrence=int(occurrence) if occurrence is not None else None,
                 spec_path=spec.path,
                 line=line,
+                retarget=bool(entry.get("retarget", False)),
             )
         )
     if errors:

@@ -24,7 +24,8 @@ def _reason(v: Verdict) -> str:
 def summary(result: MutantsResult) -> str:
     n = len(result.verdicts)
     counts = {
-        s: sum(v.status == s for v in result.verdicts) for s in ("survived", "stale", "error")
+        s: sum(v.status == s for v in result.verdicts)
+        for s in ("survived", "stale", "error", "pending")
     }
     extra = ", ".join(f"{c} {s}" for s, c in counts.items() if c)
     text = f"killed {result.killed}/{n}" + (f" ({extra})" if extra else "")

@@ -44,6 +44,10 @@ from niels_gpt_contracts.spec import Spec
 
 __all__ = ["Cache", "MutantsResult", "Options", "Plan", "Status", "Verdict", "execute", "run"]
 
+PENDING = (
+    "marked retarget = true by an amendment: re-target it at the new code (the same bug) "
+    "and remove the mark"
+)
 CACHE_FILE = ".mutants-cache.json"
 DEFAULT_TIMEOUT = 120.0
 # Files outside the stage that decide how its tests run (part of the proof key).
@@ -103,9 +107,16 @@ def plan_stage(
     tests: list[str],
     read: Callable[[str], str | None],
     only: Sequence[str] = (),
+    skip_retarget: bool = False,
 ) -> Plan:
-    """One stage's mutants (``only``: some of them) and the tests that must kill them."""
+    """One stage's mutants (``only``: some of them) and the tests that must kill them.
+
+    ``skip_retarget``: leave out the mutants an amendment marked ``retarget``
+    (a PR verdict: NOT RUN there, never killed).
+    """
     mutants = catalogue(spec, spec_text)
+    if skip_retarget:  # a PR verdict whose base marked them: NOT RUN there, never killed
+        mutants = [m for m in mutants if not m.retarget]
     if only:
         mutants = [m for m in mutants if m.name in only or m.id in only]
     if mutants and not tests:
@@ -211,6 +222,9 @@ def execute(work: Work, env: TestEnv, cache: Cache, opts: Options) -> MutantsRes
     for p in work.plans:
         tested = set(p.tests)
         for m in p.mutants:
+            if m.retarget:  # main must never carry one: a known bug left unchecked
+                out.verdicts[m.name] = Verdict(m, "pending", PENDING)
+                continue
             path = env.sources / m.file
             text = path.read_text("utf-8", "surrogateescape") if path.is_file() else None
             applied = apply(m, text)

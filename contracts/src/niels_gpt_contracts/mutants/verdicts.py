@@ -16,7 +16,7 @@ from typing import Literal
 from niels_gpt_contracts.mutants.catalogue import Mutant
 from niels_gpt_contracts.mutants.launcher import OVERLAY_MISSED, SERVER_DIED, Run
 
-Status = Literal["killed", "survived", "stale", "error"]
+Status = Literal["killed", "survived", "stale", "error", "pending"]
 
 # "FAILED <node id> - <message>": a parametrised id may hold spaces, not " - ".
 _FAILED_LINE = re.compile(r"^(FAILED|ERROR) (.+?)(?: - .*)?$", re.MULTILINE)

@@ -30,9 +30,11 @@ def lines(result: Result) -> list[str]:
     out: list[str] = []
     if result.mode == "pr":
         head = result.head[:12] if result.head else "the working tree"
+        what = f"gating stage {result.stages[0]}"
+        if any(o.check == "amendment" for o in result.outcomes):
+            what = f"judging the spec amendment of {', '.join(result.stages) or 'no stage'}"
         out.append(
-            f"contracts: gating stage {result.stages[0]} from merge-base "
-            f"{(result.merge_base or '')[:12]} to {head} "
+            f"contracts: {what} from merge-base {(result.merge_base or '')[:12]} to {head} "
             f"({result.changed_paths} changed paths)"
         )
     else:

@@ -33,7 +33,7 @@ from niels_gpt_contracts.mutants.runner import (
     stage_tests,
 )
 from niels_gpt_contracts.mutants.store import Cache
-from niels_gpt_contracts.result import BROKEN, KEPT, Outcome, Violation
+from niels_gpt_contracts.result import BROKEN, KEPT, NOT_RUN, Outcome, Violation
 from niels_gpt_contracts.sandbox import processes
 from niels_gpt_contracts.sandbox.environment import Sandbox
 from niels_gpt_contracts.sandbox.pytest_run import PLUGINS
@@ -112,11 +112,21 @@ def run_mutants(
             continue
         try:
             plans.append(
-                plan_stage(spec, ctx.base_tree.read(spec.path), stage_tests(claims, spec.id), read)
+                plan_stage(
+                    spec,
+                    ctx.base_tree.read(spec.path),
+                    stage_tests(claims, spec.id),
+                    read,
+                    skip_retarget=True,
+                )
             )
         except ConfigError as err:
             return _error(stage, "cannot plan", str(err), spec.path)
-    if not plans:
+    # Marked by the base's amendment (a PR cannot mark one): this PR rewrites their code.
+    pending = [f"{s.id}.{m['id']}" for s in p.closure for m in s.mutants if m.get("retarget")]
+    if not any(x.mutants for x in plans):
+        if pending:
+            return Outcome(stage, "mutants", NOT_RUN, _pending(pending))
         return Outcome(stage, "mutants", KEPT, "no mutants catalogued for the closure")
     say(f"mutants: {sum(len(x.mutants) for x in plans)} of {', '.join(x.stage for x in plans)}")
     environment = proof.environment(box.site_paths())
@@ -134,4 +144,14 @@ def run_mutants(
         for v in report.violations(result)
     ]
     summary = report.summary(result)
-    return Outcome(stage, "mutants", BROKEN if found or not result.ok else KEPT, summary, found)
+    if pending:
+        summary += f"; {_pending(pending)}"
+    status = BROKEN if found or not result.ok else NOT_RUN if pending else KEPT
+    return Outcome(stage, "mutants", status, summary, found)
+
+
+def _pending(names: list[str]) -> str:
+    return (
+        f"{len(names)} NOT RUN, marked for re-targeting by the base's amendment "
+        f"(retarget = true): {', '.join(names)}"
+    )

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from niels_gpt_contracts import device_probe
-from niels_gpt_contracts.checks import api, devices, gate, invariants, pr_context
+from niels_gpt_contracts.checks import amendment, api, devices, gate, invariants, pr_context
 from niels_gpt_contracts.checks.modules import namespaces
 from niels_gpt_contracts.errors import ConfigError
 from niels_gpt_contracts.mutants.runner import Cache
@@ -264,6 +264,10 @@ def run(request: PrRequest, say: Say) -> Result:
     # This process writes no bytecode: every new file on the watched paths is the PR's.
     sys.dont_write_bytecode = True
     python_given = _interpreter(request.python) if request.python else None
+    if request.stage is None:  # 'Spec:' trailers: a maintainers' amendment, judged statically
+        judged = amendment.judge(request.repo, request.base, request.head)
+        if judged is not None:
+            return judged
     integrity.preload()
     processes.become_subreaper()
     ctx = pr_context.open_pr(request.repo, request.base, request.head, request.stage)

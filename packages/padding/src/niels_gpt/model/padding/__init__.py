@@ -11,9 +11,11 @@ the last column. A row's positions start at 0 at its first real token, so a
 row's logits do not depend on how much padding it got: they are the logits of
 the row alone, and every padded position's logits are exactly 0.
 
-The padded attention (``_padding_attention``) is switched into the model in
-place for the length of a call, so ``GPT`` and ``Block`` run unchanged;
-``generate`` adds one ``kv_cache.KVCache`` per layer holding the padded frame
+The attention stage's one attention takes per-row positions and a key mask
+and reads a KV cache; ``_padding_frame`` hands it the batch's frame through
+forward pre-hooks for the length of a call, so ``GPT`` and ``Block`` run
+unchanged and no module changes class. ``generate`` adds one attention-stage
+``KVCache`` per layer (``t + max_new_tokens`` positions, the padded frame)
 and reuses ``kv_cache.filter_logits`` for sampling. With no mask, or a mask
 without a pad, every function is the unpadded code itself.
 """
@@ -25,21 +27,53 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
+import niels_gpt.model.attention as attention
 import niels_gpt.model.kv_cache as kv_cache
-from niels_gpt.model._padding_attention import RowFrame, apply_rope_rows, new_caches, switched
 from niels_gpt.model._padding_checks import (
     check_generate_args,
     check_loss_args,
     check_mask,
     check_model,
+    check_rope_rows,
     check_tokens,
     check_trace_layer,
 )
+from niels_gpt.model._padding_frame import RowFrame, framed
 from niels_gpt.model.gpt import GPT, AttnTrace
 
 __all__ = ["apply_rope_rows", "generate", "padded_cross_entropy", "padded_forward"]
 
 Knobs = tuple[float, int | None, float | None]
+
+
+def apply_rope_rows(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    sin: torch.Tensor,
+    cos: torch.Tensor,
+    positions: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE at per-row position ids, through one ``rope.apply_rope`` call.
+
+    Args:
+        q, k: ``(B, H, n, D)``, same shape, dtype and device; floating; ``D``
+            even; ``B, n >= 1``.
+        sin, cos: RoPE tables ``(1, 1, Tc, D/2)`` as ``rope.rope_cache`` builds
+            them, in q's dtype and on its device.
+        positions: ``(B, n)`` int64 on q's device, each in ``[0, Tc)``: the
+            table row token ``i`` of row ``b`` is rotated by.
+
+    Returns:
+        ``(q_rot, k_rot)``, ``(B, H, n, D)`` in q's dtype and device; row ``b``
+        is ``rope.apply_rope(q[b:b+1], k[b:b+1], sin[:, :, positions[b]],
+        cos[:, :, positions[b]])``: the attention stage's ``rotate_rows``.
+
+    Raises:
+        InputError: any input out of its contract (one host sync reads the
+            positions' range), before rope is called; nothing is cast.
+    """
+    check_rope_rows(q, k, sin, cos, positions)
+    return attention.rotate_rows(q, k, sin, cos, positions)
 
 
 def _pads(mask: torch.Tensor) -> torch.Tensor:
@@ -57,7 +91,8 @@ def padded_forward(
     """A GPT v1's logits (and trace) on a left-padded batch.
 
     Args:
-        model: a ``GPT`` with explicit or fast-path attention.
+        model: a ``GPT`` whose attention is the attention stage's (any kernel),
+            with no KV cache set up.
         ids: ``(B, t)`` int64 ids in ``[0, V)`` (pads too, any value) on the
             model's device, ``1 <= t <= cfg.T``.
         attention_mask: ``(B, t)`` bool, True = real, left-padded, at least
@@ -84,7 +119,7 @@ def padded_forward(
             logits: torch.Tensor = gpt(x)  # (B, t, V)
             return logits
         return gpt.forward_with_attn_trace(x, trace_layer, return_full_attn=True)
-    with switched(gpt, RowFrame(_pads(mask))):
+    with framed(gpt, RowFrame(_pads(mask))):
         if trace_layer is None:
             out = gpt(x)  # (B, t, V)
         else:
@@ -137,13 +172,16 @@ def _choose(
     """The next token of every row from its ``(B, V)`` logits, as ``kv_cache`` chooses.
 
     Temperature 0: the argmax, no draw. Otherwise the softmax of
-    ``kv_cache.filter_logits``, sampled by one ``torch.multinomial`` call over
-    all rows, or with a generator list one call a row, in row order, written
-    into ``draws`` ``(B,)``. Finished rows are drawn too.
+    ``kv_cache.filter_logits`` in float32 (float64 stays), sampled by one
+    ``torch.multinomial`` call over all rows, or with a generator list one
+    call a row, in row order, written into ``draws`` ``(B,)``. Finished rows
+    are drawn too.
     """
     temperature, top_k, top_p = knobs
     if temperature == 0:
         return logits.argmax(dim=-1)  # (B,)
+    # float32 whatever the model's dtype: a half model's logits / 1e-4 overflow in half
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # (B, V)
     filtered = kv_cache.filter_logits(logits, temperature=temperature, top_k=top_k, top_p=top_p)
     probs = torch.softmax(filtered, dim=-1)  # (B, V)
     if generator is None or isinstance(generator, torch.Generator):
@@ -162,7 +200,7 @@ def _decode(
     generator: torch.Generator | Sequence[torch.Generator] | None,
     trace_layer: int | None,
 ) -> list[torch.Tensor]:
-    """Fill ``ids[:, t:]`` of ``(B, t + new)`` on a switched model; return the traces."""
+    """Fill ``ids[:, t:]`` of ``(B, t + new)`` with the frame set up; return the traces."""
     traces: list[torch.Tensor] = []
     finished = torch.zeros_like(ids[:, 0], dtype=torch.bool)  # (B,)
     draws = torch.empty_like(ids[:, 0])  # (B,), per-row draws land here
@@ -202,10 +240,10 @@ def generate(
 
     Row ``b`` gets the tokens (and traces, zero at its padded columns) of
     generating its real prompt ``prompt_ids[b:b+1, P_b:]`` alone. The prompt
-    runs once (the prefill), then one token a step, through one
-    ``kv_cache.KVCache`` a layer of ``(B, H, cfg.T, D)`` that holds the padded
-    frame (cache index = column); the token at column ``c >= t`` is rotated at
-    position ``c - P_b``. Runs under ``torch.no_grad`` in the model's mode and
+    runs once (the prefill), then one token a step, through one attention-stage
+    ``KVCache`` a layer of ``(B, H, t + max_new_tokens, D)`` that holds the
+    padded frame (cache index = column); the token at column ``c >= t`` is
+    rotated at position ``c - P_b``. Runs under ``torch.no_grad`` in the model's mode and
     hands the model back as it was found.
 
     Args:
@@ -250,8 +288,8 @@ def generate(
     traces: list[torch.Tensor] = []
     if max_new_tokens > 0:
         pads = _pads(mask) if mask is not None else prompt_ids.new_zeros(B)  # (B,)
-        caches = new_caches(model, B)  # one (B, H, cfg.T, D) KVCache a layer, before the prefill
-        with torch.no_grad(), switched(model, RowFrame(pads), caches):
+        # one (B, H, t + new, D) KVCache a layer, set up before the prefill
+        with torch.no_grad(), framed(model, RowFrame(pads), t + max_new_tokens):
             traces = _decode(model, ids, t, knobs, eos_id, generator, trace_layer)
     if trace_layer is None:
         return ids

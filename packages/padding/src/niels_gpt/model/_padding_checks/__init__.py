@@ -1,15 +1,9 @@
 """Every argument check of the padding stage, run before any work.
 
-Shape notation::
-
-    B: batch, t: padded length, n: tokens in one call, H: heads, D: head dim,
-    V: vocabulary, T = cfg.T, L: layers
-
-Each check raises ``niels_gpt.checks.InputError`` (an ``AssertionError``,
-``ValueError`` and ``TypeError``) whose message names the expected and the
-actual value. Nothing is cast: a mask of another dtype is an error, not a
-conversion. The checks read values (a mask's layout, the id range) with one
-host sync each, before any forward runs and before any module is switched.
+Shapes: B batch, t padded length, n tokens in one call, H heads, D head dim, V
+vocabulary, T = cfg.T, L layers. Each check raises ``niels_gpt.checks.InputError``
+naming the expected and the actual value; nothing is cast. Values (a mask's
+layout, the id range) are read with one host sync each, before any forward.
 """
 
 from __future__ import annotations
@@ -23,7 +17,6 @@ from niels_gpt.model.attention import CausalSelfAttention
 from niels_gpt.model.gpt import GPT
 
 __all__ = [
-    "FAST_CLASS",
     "check_generate_args",
     "check_loss_args",
     "check_mask",
@@ -33,33 +26,28 @@ __all__ = [
     "check_trace_layer",
 ]
 
-# The fast path is recognised by name: this stage does not depend on it.
-FAST_CLASS = ("niels_gpt.model.fastpath", "FastCausalSelfAttention")
-
 
 def _same_device(a: torch.device, b: torch.device) -> bool:
-    """Equal devices, reading a missing index as 0 (``cuda`` is ``cuda:0``)."""
-    return a.type == b.type and (a.index or 0) == (b.index or 0)
-
-
-def _known_attention(module: CausalSelfAttention) -> bool:
-    cls = type(module)
-    return cls is CausalSelfAttention or (cls.__module__, cls.__qualname__) == FAST_CLASS
+    return a.type == b.type and (a.index or 0) == (b.index or 0)  # "cuda" is "cuda:0"
 
 
 def check_model(model: object) -> GPT:
-    """Require a ``GPT`` whose attention modules are all explicit or fast path.
-
-    A model switched by ``kv_cache.use_kv_cache`` (or holding any other
-    ``CausalSelfAttention`` subclass) is refused: its math is not this stage's.
-    """
+    """Require a ``GPT`` whose attention modules run the attention stage's forward (any
+    kernel) with no KV cache set up; a forward of its own or a cache is refused."""
     if not isinstance(model, GPT):
         raise InputError(f"model must be a niels_gpt GPT, got {type(model).__name__}")
     for name, module in model.named_modules():
-        if isinstance(module, CausalSelfAttention) and not _known_attention(module):
+        if not isinstance(module, CausalSelfAttention):
+            continue
+        if type(module).forward is not CausalSelfAttention.forward:
             raise InputError(
-                f"{name} must be a CausalSelfAttention or FastCausalSelfAttention, got "
-                f"{type(module).__qualname__} (call kv_cache.drop_kv_cache first)"
+                f"{name} must run the attention stage's forward, got a "
+                f"{type(module).__name__} with its own (call kv_cache.drop_kv_cache first "
+                "if it holds a cache)"
+            )
+        if getattr(module, "kv_cache", None) is not None:
+            raise InputError(
+                f"{name} must have no KV cache set up, got one (call kv_cache.drop_kv_cache first)"
             )
     return model
 
@@ -132,8 +120,7 @@ def _is_index(value: object, low: int, high: int | None) -> bool:
     return low <= value and (high is None or value < high)
 
 
-def _is_real(value: object) -> bool:
-    """An int or float, but not a bool."""
+def _is_real(value: object) -> bool:  # an int or float, not a bool
     return not isinstance(value, bool) and isinstance(value, (int, float))
 
 

@@ -153,11 +153,14 @@ def choose_next(
 
     Temperature 0 is the argmax (the first maximum) and draws nothing;
     otherwise one ``torch.multinomial`` call over all ``B`` rows on the softmax
-    of the filtered logits, with ``generator`` (the global one when ``None``).
+    of the filtered logits, filtered and drawn in float32 (float64 for float64
+    logits), with ``generator`` (the global one when ``None``).
     Knobs are not checked here. Returns ``(B,)`` int64.
     """
     if temperature == 0:
         return logits.argmax(dim=-1)  # (B,)
+    # float32 whatever the model's dtype: a half model's logits / 1e-4 overflow in half
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # (B, V)
     probs = torch.softmax(_filter(logits, temperature, top_k, top_p), dim=-1)  # (B, V)
     return torch.multinomial(probs, num_samples=1, generator=generator)[:, 0]  # (B,)
 

@@ -1,0 +1,299 @@
+"""Generation through per-layer KV caches: prefill once, then one token a step.
+
+Shapes: B batch, t prompt length, n tokens in one cached call, p cache length
+before it, H heads, D = C // H, T = cfg.T, V vocabulary. The attention stage
+reads and appends a ``KVCache`` set up as a module's ``kv_cache``; this stage
+sets caches up on a model and drops them, as gpt-fast's and torchtune's
+``setup_caches`` do. Once set up, the model's own ``forward`` is the cached
+step (positions ``p .. p+n-1``). No module changes class and no attention maths
+is written here; ``generate`` sizes its caches to prompt + new tokens.
+"""
+
+from __future__ import annotations
+
+from typing import cast
+
+import torch
+from torch import nn
+
+from niels_gpt.checks import InputError
+from niels_gpt.config import ModelConfig
+from niels_gpt.model._kv_sampling import check_generate_args, choose_next, filter_logits
+from niels_gpt.model.attention import CausalSelfAttention, KVCache
+from niels_gpt.model.gpt import GPT
+
+__all__ = [
+    "KVCache",
+    "KVCacheAttention",
+    "drop_kv_cache",
+    "filter_logits",
+    "generate",
+    "generate_until_eos",
+    "use_kv_cache",
+]
+
+
+class KVCacheAttention(CausalSelfAttention):
+    """``CausalSelfAttention`` built with an empty cache slot (``kv_cache is None``); its
+    forward, parameters, buffers and ``state_dict`` are the parent's."""
+
+    kv_cache: KVCache | None
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__(cfg)
+        self.kv_cache = None
+
+
+def _check_max_len(value: object, high: int) -> int:
+    """``max_len``: an int (not a bool) in ``[1, high]``; the KVCache checks every size too."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= high:
+        raise InputError(f"max_len must be an int in [1, cfg.T = {high}], got {value!r}")
+    return value
+
+
+def _attention_modules(model: nn.Module) -> list[CausalSelfAttention]:
+    """Every attention module inside ``model``, in ``model.modules()`` order; each must run
+    the one attention's ``forward`` (only that reads the cache), else ``InputError``."""
+    if not isinstance(model, nn.Module):
+        raise InputError(f"model must be an nn.Module, got {type(model).__name__}")
+    found: list[CausalSelfAttention] = []
+    for name, module in model.named_modules():
+        if isinstance(module, CausalSelfAttention):
+            if type(module).forward is not CausalSelfAttention.forward:
+                raise InputError(
+                    f"{name or 'model'} is a {type(module).__name__} with a forward of its "
+                    "own; the KV cache needs the attention stage's forward"
+                )
+            found.append(module)
+    return found
+
+
+def use_kv_cache(model: nn.Module, batch_size: int, *, max_len: int | None = None) -> list[KVCache]:
+    """Set up a fresh zero-filled ``KVCache`` on every attention module inside ``model``.
+
+    ``model`` is a ``GPT``, a ``Block``, an attention module or any tree of
+    them. Each module gets ``KVCache(batch_size, H, max_len, D)`` (``max_len``
+    defaults to its ``cfg.T``) in its parameters' dtype and device as its
+    ``kv_cache``; nothing else changes (the same objects, classes, parameters,
+    buffers, hooks and training flag). Calling it again is a reset.
+
+    Returns:
+        The caches, in ``model.modules()`` order (layer order for a ``GPT``).
+
+    Raises:
+        InputError (a ``TypeError``), before anything changes: ``model`` holds
+            an attention module with a forward of its own or none at all, or
+            ``batch_size``/``max_len`` is not an int in ``[1, cfg.T]``.
+    """
+    modules = _attention_modules(model)
+    if not modules:
+        raise InputError(f"{type(model).__name__} holds no attention module to cache")
+    for m in modules:
+        _check_max_len(m.cfg.T if max_len is None else max_len, m.cfg.T)
+    caches = [
+        KVCache(
+            batch_size,
+            m.n_head,
+            m.cfg.T if max_len is None else max_len,
+            m.head_dim,
+            dtype=m.qkv.weight.dtype,
+            device=m.qkv.weight.device,
+        )
+        for m in modules
+    ]  # all allocated (the KVCache checks batch_size) before any module changes
+    for module, cache in zip(modules, caches, strict=True):
+        module.kv_cache = cache
+    return caches
+
+
+def _drop(module: CausalSelfAttention) -> None:
+    """Take the cache away; a ``KVCacheAttention`` keeps its empty slot."""
+    if isinstance(module, KVCacheAttention):
+        module.kv_cache = None
+    elif getattr(module, "kv_cache", None) is not None:
+        del module.kv_cache  # leave no trace of the set-up
+
+
+def drop_kv_cache(model: nn.Module) -> nn.Module:
+    """Undo ``use_kv_cache`` in place and return ``model``: every module loses its cache.
+
+    Raises:
+        InputError: ``model`` is not an ``nn.Module``.
+    """
+    if not isinstance(model, nn.Module):
+        raise InputError(f"model must be an nn.Module, got {type(model).__name__}")
+    for module in model.modules():
+        if isinstance(module, CausalSelfAttention):
+            _drop(module)
+    return model
+
+
+# --- generate -------------------------------------------------------------------------
+
+_Saved = list[tuple[CausalSelfAttention, "KVCache | None"]]
+
+
+def _save(model: nn.Module) -> _Saved:
+    """Each attention module with the cache the caller had set up on it (or None)."""
+    return [
+        (m, getattr(m, "kv_cache", None))
+        for m in model.modules()
+        if isinstance(m, CausalSelfAttention)
+    ]
+
+
+def _restore(saved: _Saved) -> None:
+    """Give every attention module back the cache it had (or none)."""
+    for module, cache in saved:
+        _drop(module)
+        if cache is not None:
+            module.kv_cache = cache
+
+
+def _step(
+    model: GPT, x: torch.Tensor, trace_layer: int | None, traces: list[torch.Tensor]
+) -> torch.Tensor:
+    """One cached forward of ``x`` ``(B, n)``; the ``(B, V)`` logits of its last position."""
+    if trace_layer is None:
+        logits: torch.Tensor = model(x)  # (B, n, V)
+    else:
+        logits, trace = model.forward_with_attn_trace(x, trace_layer)  # (B, n, V), trace
+        traces.append(trace["attn_row"].contiguous())  # (B, H, p+n), not a view of the prefill's
+    return logits[:, -1]  # (B, V)
+
+
+def _decode(
+    model: GPT,
+    ids: torch.Tensor,
+    t: int,
+    knobs: tuple[float, int | None, float | None],
+    eos_id: int | None,
+    generator: torch.Generator | None,
+    trace_layer: int | None,
+) -> list[torch.Tensor]:
+    """Fill ``ids[:, t:]`` of ``(B, t + new)`` ids on a model with caches; return the traces."""
+    temperature, top_k, top_p = knobs
+    traces: list[torch.Tensor] = []
+    finished = torch.zeros_like(ids[:, 0], dtype=torch.bool)  # (B,)
+    x = ids[:, :t]  # (B, t): step 0 is the prefill
+    for col in range(t, ids.shape[1]):
+        logits = _step(model, x, trace_layer, traces)  # (B, V)
+        token = choose_next(
+            logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator
+        )  # (B,), every row drawn, finished ones too
+        if eos_id is not None:
+            token = token.masked_fill(finished, eos_id)  # (B,), finished rows repeat eos
+            finished |= token == eos_id  # (B,)
+        ids[:, col] = token
+        if eos_id is not None and bool(finished.all()):  # one host sync a step, with eos only
+            ids[:, col + 1 :] = eos_id  # nothing left to generate
+            break
+        x = ids[:, col : col + 1]  # (B, 1): the next step's input
+    return traces
+
+
+def generate(
+    model: GPT,
+    prompt_ids: torch.Tensor,
+    max_new_tokens: int,
+    *,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    eos_id: int | None = None,
+    generator: torch.Generator | None = None,
+    trace_layer: int | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
+    """Continue ``prompt_ids`` by ``max_new_tokens`` tokens through per-layer KV caches.
+
+    Step 0 is the prefill (one forward of the whole prompt), every later step
+    one forward of the previous token alone; the caches (``B`` rows,
+    ``t + max_new_tokens`` positions) are set up once, before the prefill, and
+    dropped after. Runs under ``torch.no_grad`` in the model's mode and hands
+    the model back as it found it (the caller's caches, training flags,
+    weights), on return or on an error.
+
+    Args:
+        model: a ``GPT`` whose attention is the attention stage's (any kernel).
+        prompt_ids: ``(B, t)`` int64 ids in ``[0, V)`` on the model's device.
+        max_new_tokens: ``>= 0`` with ``t + max_new_tokens <= cfg.T``.
+        temperature, top_k, top_p: as in ``filter_logits``, applied in float32
+            (float64 in a float64 model). Temperature 0 is the argmax and draws
+            nothing; otherwise one ``torch.multinomial`` draw a step over all
+            rows (finished ones too) from ``generator`` (the global one if None).
+        eos_id: a row that generates it is finished: it holds ``eos_id`` from
+            then on (and is fed it); generation stops once every row has.
+            Prompt tokens do not count.
+        trace_layer: also return, per step ``i``, the ``(B, H, t + i)``
+            ``attn_row`` of that layer, as ``forward_with_attn_trace`` gives it.
+
+    Returns:
+        ``ids`` ``(B, t + max_new_tokens)`` int64 beginning with the prompt, or
+        ``(ids, traces)`` when ``trace_layer`` is given.
+
+    Raises:
+        InputError: any argument out of its range, before any forward and
+            before any cache is set up.
+    """
+    knobs = (temperature, top_k, top_p)
+    check_generate_args(model, prompt_ids, max_new_tokens, knobs, eos_id, generator, trace_layer)
+    B, t = prompt_ids.shape
+    ids = prompt_ids.new_empty(B, t + max_new_tokens)  # (B, t + new), filled as chosen
+    ids[:, :t] = prompt_ids
+    traces: list[torch.Tensor] = []
+    if max_new_tokens > 0:
+        saved = _save(model)
+        try:
+            with torch.no_grad():
+                use_kv_cache(model, B, max_len=t + max_new_tokens)
+                traces = _decode(model, ids, t, knobs, eos_id, generator, trace_layer)
+        finally:
+            _restore(saved)
+    if trace_layer is None:
+        return ids
+    return ids, traces
+
+
+def generate_until_eos(
+    model: GPT,
+    prompt_ids: torch.Tensor,
+    max_new_tokens: int,
+    *,
+    eos_id: int,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``generate`` with Hugging Face's result: stop once every row has produced ``eos_id``.
+
+    The tokens are ``generate``'s with the same arguments. Returns ``(ids,
+    lengths)``: ``ids`` ``(B, t + n)``, cut after the ``n <= max_new_tokens``
+    steps that ran (rows padded with ``eos_id`` after their eos, as
+    ``generate`` pads them); ``lengths`` ``(B,)`` int64, each row's prompt plus
+    generated tokens up to and including its first ``eos_id``
+    (``t + max_new_tokens`` without one). Raises ``InputError``, before any
+    forward, for an ``eos_id`` that is not an int and for what ``generate``
+    refuses.
+    """
+    if isinstance(eos_id, bool) or not isinstance(eos_id, int):
+        raise InputError(f"eos_id must be a token id (an int), got {eos_id!r}")
+    ids = generate(
+        model,
+        prompt_ids,
+        max_new_tokens,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        eos_id=eos_id,
+        generator=generator,
+    )
+    ids = cast(torch.Tensor, ids)  # no trace_layer: the ids alone
+    t = prompt_ids.shape[1]
+    if ids.shape[1] == t:  # nothing asked for
+        return ids, torch.full_like(ids[:, 0], t)  # (B,)
+    ended = ids[:, t:] == eos_id  # (B, new)
+    made = torch.where(ended.any(-1), ended.int().argmax(-1) + 1, ended.shape[1])  # (B,)
+    lengths = t + made  # (B,) int64
+    n = int(made.max())  # one host sync: the steps that ran
+    return ids[:, : t + n].clone(), lengths
