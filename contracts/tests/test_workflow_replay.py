@@ -92,6 +92,7 @@ class GitHub:
 
 def _docstring(remote: Path, words: str) -> str:
     text = (remote / FASTPATH).read_text()
+    assert text.startswith('"""Fast path:'), f"{FASTPATH} no longer starts as the PRs expect"
     return text.replace('"""Fast path:', f'"""{words} Fast path:', 1)
 
 
