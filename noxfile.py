@@ -67,6 +67,7 @@ DEV_TOOLS = (
     "xmlschema",
     "pre-commit",
     "check-jsonschema",
+    "PyYAML",  # test-workflow reads the workflow
     "markdown-it-py",  # test-readmes reads the READMEs' blocks
     "packaging",
     # serve/: the app's stack, for mypy over serve/src (its tests run from wheels)
@@ -306,7 +307,26 @@ def test_contracts(session: nox.Session) -> None:
         "--confcutdir=contracts",
         "--numprocesses=auto",
         "-m",
-        "not hooks",
+        "not hooks and not workflow",
+        *session.posargs,
+    )
+
+
+@nox.session(name="test-workflow", venv_backend="none")
+def test_workflow(session: nox.Session) -> None:
+    """``.github/workflows/contracts.yml`` replayed step by step (``workflow`` marker).
+
+    The checker installed with the workflow's own line into a fresh venv, the
+    sandbox environment built and cached by the push job, then honest, broken
+    and trailer-less PRs judged by the PR jobs (``contracts/tests/actkit.py``).
+    """
+    run_dev(
+        session,
+        "pytest",
+        "contracts/tests",
+        "--confcutdir=contracts",
+        "-m",
+        "workflow",
         *session.posargs,
     )
 
@@ -368,7 +388,8 @@ def bench(session: nox.Session) -> None:
 
 @nox.session(venv_backend="none")
 def mutants(session: nox.Session) -> None:
-    """The mutant gate: every catalogued bug must be killed (``-- --stage S``, ``--all``)."""
+    """The mutant gate: every catalogued bug must be killed (``-- --stage S``, ``--all``,
+    ``--write-hints`` to refresh ``specs/mutant-hints.json``)."""
     run_gate(session, "mutants", *session.posargs)
 
 

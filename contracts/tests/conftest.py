@@ -24,6 +24,11 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers",
         "hooks: runs pre-commit end to end (installs from the package index; nox -s test-hooks)",
     )
+    config.addinivalue_line(
+        "markers",
+        "workflow: replays .github/workflows/contracts.yml (builds environments; "
+        "nox -s test-workflow)",
+    )
 
 
 @pytest.fixture(scope="session")

@@ -22,12 +22,11 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
-from gatekit import SCHEMA, Repo
+from gatekit import SCHEMA, Repo, valid_report
 
 from niels_gpt_contracts.cli import main
 
@@ -132,6 +131,7 @@ def test_keeps_length():
 def test_turns_compose():
     xs = [1.0, 2.0, 3.0, 4.0]
     assert rotate(rotate(xs)) == rotate(xs, turns=2) == [3.0, 4.0, 1.0, 2.0]
+    assert rotate([1.0, 2.0, 3.0]) == [2.0, 3.0, 1.0]
 
 
 @pytest.mark.invariant("rope.rejects_empty")
@@ -464,16 +464,20 @@ class PrRepo(Repo):
         return self.commit(f"{message}\n\nStage: {stage}")
 
     def verdict(self, *extra: str) -> tuple[int, dict[str, Any], str]:
+        """``contracts pr --format json`` on ``main..HEAD``; the report is schema-checked."""
+        code, out, err = self.run_pr("--format", "json", *extra)
+        return code, valid_report(out) if out else {}, err
+
+    def run_pr(self, *extra: str) -> tuple[int, str, str]:
+        """``contracts pr`` on ``main..HEAD`` with this repo's cache: status, stdout, stderr."""
         out, err = io.StringIO(), io.StringIO()
         args = [
             "pr", "--repo", str(self.root), "--base", "main", "--head", "HEAD",
-            "--python", sys.executable, "--cache-dir", str(self.cache), "--jobs", "1",
-            "--format", "json", *extra,
+            "--python", sys.executable, "--cache-dir", str(self.cache), "--jobs", "1", *extra,
         ]  # fmt: skip
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             code = main(args)
-        payload = json.loads(out.getvalue()) if out.getvalue() else {}
-        return code, payload, err.getvalue()
+        return code, out.getvalue(), err.getvalue()
 
 
 def make_pr_repo(root: Path) -> None:

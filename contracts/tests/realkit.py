@@ -227,7 +227,9 @@ def make_real_repo(root: Path, present: tuple[str, ...] = STAGES) -> Repo:
 
 
 class RealRepo(Repo):
-    """A copy of the scenario repository on a PR branch; ``verdict`` runs ``contracts pr``."""
+    """A copy of the scenario repository on a PR branch; ``verdict`` runs ``contracts pr``
+    with ``--full``: every row, so a scenario shows what each check saw (the tests fooled,
+    the oracle not), not only the first BROKEN one."""
 
     def __init__(self, root: Path, cache: Path) -> None:
         super().__init__(root)
@@ -241,7 +243,7 @@ class RealRepo(Repo):
         args = [
             "pr", "--repo", str(self.root), "--base", "main", "--head", "HEAD",
             "--python", sys.executable, "--cache-dir", str(self.cache), "--jobs", "1",
-            "--format", "json", *extra,
+            "--format", "json", "--full", *extra,
         ]  # fmt: skip
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             code = main(args)

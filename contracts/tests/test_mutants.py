@@ -252,6 +252,115 @@ def test_the_zygote_keeps_pythonpath_first_under_safe_path(tmp_path: Path) -> No
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
 
 
+# --- hints: the test that killed a mutant before runs first, and proves nothing alone ---
+
+
+def _hints(root: Path, hints: dict[str, str]) -> None:
+    from niels_gpt_contracts.mutants.hints import HINTS_PATH, render
+
+    (root / HINTS_PATH).write_text(render(hints))
+
+
+def test_write_hints_records_the_killing_test_and_a_hint_runs_it_alone(tiny: Path) -> None:
+    code, out = gate(tiny, "--mutant", "minus", "--write-hints")
+    assert code == 0
+    written = json.loads((tiny / "specs/mutant-hints.json").read_text())["hints"]
+    assert written == {"tiny.minus": "packages/tiny/tests/test_tiny.py::test_add"}
+    (tiny / ".mutants-cache.json").unlink()  # a fresh clone: only the committed hints
+    code, out = gate(tiny, "--mutant", "minus")
+    assert (code, statuses(out)) == (0, {"minus": ("killed", False)})
+    # The clean run was of the hinted test alone, and so was the mutant's run.
+    assert out["clean"] == [
+        {**out["clean"][0], "tests": ["packages/tiny/tests/test_tiny.py::test_add"]}
+    ]
+    assert "test_add" in out["mutants"][0]["reason"]
+
+
+def test_a_wrong_hint_costs_a_run_and_the_full_run_decides(tiny: Path) -> None:
+    # test_scale passes on the minus mutant: the hint does not kill it.
+    _hints(tiny, {"tiny.minus": "packages/tiny/tests/test_tiny.py::test_scale"})
+    code, out = gate(tiny, "--mutant", "minus")
+    assert (code, statuses(out)) == (0, {"minus": ("killed", False)})
+    assert "test_add" in out["mutants"][0]["reason"]
+    # The hinted test ran clean, then the whole suite (the full run that killed it).
+    assert [(c["ok"], c["tests"]) for c in out["clean"]] == [
+        (True, ["packages/tiny/tests/test_tiny.py::test_scale"]),
+        (True, ["packages/tiny/tests/test_tiny.py"]),
+    ]
+    stored = json.loads((tiny / ".mutants-cache.json").read_text())["kills"]["tiny.minus"]
+    assert stored["test"] == "packages/tiny/tests/test_tiny.py::test_add"
+
+
+def test_a_hint_that_is_no_test_never_counts_as_a_kill(tiny: Path) -> None:
+    """pytest exits 4 for a node id it cannot find, as for a module that raises on
+    import; a hint must pass clean before its failure on a mutant means anything."""
+    _hints(
+        tiny,
+        {
+            "tiny.untested": "packages/tiny/tests/test_tiny.py::test_gone",
+            "tiny.minus": "packages/tiny/tests/test_tiny.py::test_add",
+        },
+    )
+    code, out = gate(tiny, "--mutant", "untested", "--mutant", "minus")
+    assert code == 1
+    assert statuses(out) == {"untested": ("survived", False), "minus": ("killed", False)}
+    # The id that is no test was dropped before any run: only test_add ran clean as a hint.
+    assert [(c["ok"], c["tests"]) for c in out["clean"]] == [
+        (True, ["packages/tiny/tests/test_tiny.py::test_add"]),
+        (True, ["packages/tiny/tests/test_tiny.py"]),
+    ]
+
+
+def test_stop_early_leaves_the_rest_not_run_and_never_killed(tiny: Path) -> None:
+    from niels_gpt_contracts.mutants import report, runner
+
+    opts = runner.Options(repo=tiny, only=["untested", "minus", "second"], jobs=1, stop_early=True)
+    spec = tiny / "specs/tiny.toml"
+    spec.write_text(spec.read_text() + mutant("second", "return", "return -1 *", occurrence=2))
+    result = runner.run(opts)
+    # In catalogue order, one run at a time: minus dies, untested survives, second waits.
+    assert [(v.mutant.id, v.status) for v in result.verdicts] == [
+        ("minus", "killed"),
+        ("untested", "survived"),
+    ]
+    assert [m.id for m in result.not_run] == ["second"]
+    assert not result.ok
+    assert report.summary(result) == (
+        "killed 1/2 (1 survived); 1 not run (stopped at the first mutant not killed)"
+    )
+
+
+# --- proof keys: what a kill depends on ------------------------------------------------
+
+
+def test_a_docstring_or_comment_edit_keeps_the_proof_and_a_code_edit_does_not(
+    tiny: Path,
+) -> None:
+    assert statuses(gate(tiny, "--mutant", "minus")[1]) == {"minus": ("killed", False)}
+    module = tiny / MODULE
+    module.write_text(
+        '"""Tiny."""\n\n# sums\n'
+        + SOURCE.replace("    return x * 2", "    # twice\n    return x * 2")
+    )
+    assert statuses(gate(tiny, "--mutant", "minus")[1]) == {"minus": ("killed", True)}
+    # Another module of the stages, never mutated, still decides the kill.
+    other = tiny / "packages/tiny/src/ngt/helper.py"
+    other.write_text("VALUE = 1\n")
+    assert statuses(gate(tiny, "--mutant", "minus")[1]) == {"minus": ("killed", False)}
+    other.write_text('"""Helper."""\nVALUE = 1  # one\n')
+    assert statuses(gate(tiny, "--mutant", "minus")[1]) == {"minus": ("killed", True)}
+    other.write_text("VALUE = 2\n")
+    assert statuses(gate(tiny, "--mutant", "minus")[1]) == {"minus": ("killed", False)}
+
+
+def test_code_that_reads_docstrings_makes_every_text_count(tiny: Path) -> None:
+    module = tiny / MODULE
+    module.write_text(SOURCE + "\n\ndef doc():\n    return add.__doc__\n")
+    assert statuses(gate(tiny, "--mutant", "minus")[1]) == {"minus": ("killed", False)}
+    module.write_text('"""Tiny."""\n' + SOURCE + "\n\ndef doc():\n    return add.__doc__\n")
+    assert statuses(gate(tiny, "--mutant", "minus")[1]) == {"minus": ("killed", False)}
+
+
 def test_a_mutant_marked_for_retargeting_fails_the_gate_unrun(tiny: Path) -> None:
     """A ``retarget`` mark is for one PR's verdict: on a tree (main) it is a failure."""
     spec = tiny / "specs/tiny.toml"

@@ -4,6 +4,10 @@ Each scenario is a PR on a real temporary repository (``prkit``), judged end
 to end: a stage PR that breaks the code and then hides the breakage from the
 tests, from pytest or from the checker. The attacks come from the
 gate-integrity issue, plus a few of the same kinds.
+
+A verdict stops at its first BROKEN row; the scenarios that show two layers
+each catching the same attack (a static rule and the run that would catch it
+anyway) ask for ``--full``.
 """
 
 from __future__ import annotations
@@ -108,7 +112,7 @@ def test_a_skip_caused_by_the_prs_code_is_broken(pr_repo: PrRepo) -> None:
     pr_repo.replace("packages/core/src/ngt/config.py", "T: int = 8", "T: int = 2")
     pr_repo.replace(CORE_TEST, "ModelConfig().T == 8", "ModelConfig().T == 2")
     pr_repo.pr("core")
-    code, out, _ = pr_repo.verdict()
+    code, out, _ = pr_repo.verdict("--full")
     assert code == 1
     skipped = [v for v in out["violations"] if v["rule"] == "tests.skipped"]
     assert [v["path"] for v in skipped] == [MIXER_TEST]
@@ -131,7 +135,7 @@ def test_a_conftest_that_turns_failures_into_passes_is_never_loaded(pr_repo: PrR
         "    report.outcome = 'passed'\n",
     )
     pr_repo.pr("mixer")
-    code, out, _ = pr_repo.verdict()
+    code, out, _ = pr_repo.verdict("--full")
     assert code == 1
     assert ("path.autoload", "packages/mixer/tests/conftest.py") in findings(out)
     assert "packages/mixer/tests/test_mixer.py::test_mix_averages_neighbours" in _failed_tests(out)
@@ -144,7 +148,7 @@ def test_a_sitecustomize_in_the_package_is_never_loaded(pr_repo: PrRepo) -> None
         "import builtins\nbuiltins.__dict__['AssertionError'] = type('X', (Exception,), {})\n",
     )
     pr_repo.pr("mixer")
-    code, out, _ = pr_repo.verdict()
+    code, out, _ = pr_repo.verdict("--full")
     assert code == 1
     assert {
         ("path.autoload", "packages/mixer/src/sitecustomize.py"),
@@ -159,7 +163,7 @@ def test_a_pytest11_entry_point_is_named_and_never_installed(pr_repo: PrRepo) ->
     table = '\n[project.entry-points.pytest11]\nx = "ngt.model.mixer"\n'
     pr_repo.write(pyproject, pr_repo.read(pyproject) + table)
     pr_repo.pr("mixer")
-    code, out, _ = pr_repo.verdict()
+    code, out, _ = pr_repo.verdict("--full")
     assert code == 1
     assert ("path.autoload", pyproject) in findings(out)
     assert _failed_tests(out)
@@ -185,7 +189,7 @@ def test_code_that_rewrites_the_reference_tests_is_caught(
         "    _f.write_text('def test_nothing():\\n    pass\\n')\n",
     )
     pr_repo.pr("mixer")
-    code, out, err = pr_repo.verdict("--skip-mutants")
+    code, out, err = pr_repo.verdict("--full")
     assert code == 1
     assert ("source.import", MIXER) in findings(out)
     if confined and "(confined (" in err:  # the machine allows mount namespaces
@@ -230,7 +234,7 @@ def test_an_assigned_signature_is_named(pr_repo: PrRepo) -> None:
         "import inspect\n\nmix.__signature__ = inspect.signature(_spec)\n",
     )
     pr_repo.pr("mixer")
-    code, out, _ = pr_repo.verdict()
+    code, out, _ = pr_repo.verdict("--full")
     assert code == 1
     assert ("api.source", MIXER) in findings(out)
 
@@ -289,7 +293,7 @@ def test_sdpa_reached_by_a_built_name_is_caught_at_run_time(
     first = "    t = q.shape[-2]\n"
     pr_repo.replace(ATTN, first, f"    return {reach}(q, k, v, is_causal=True)\n{first}")
     pr_repo.pr("attention")
-    code, out, _ = pr_repo.verdict()
+    code, out, _ = pr_repo.verdict("--full")
     assert code == 1
     assert rules | {"runtime.no-sdpa-runtime"} <= rules_of(out), out["violations"]
 
@@ -302,7 +306,7 @@ def test_a_lazy_import_of_the_fastpath_stage_is_caught(pr_repo: PrRepo) -> None:
         "    t = q.shape[-2]\n",
     )
     pr_repo.pr("attention")
-    code, out, _ = pr_repo.verdict()
+    code, out, _ = pr_repo.verdict("--full")
     assert code == 1
     assert {"module.undeclared-import", "runtime.no-sdpa-runtime"} <= rules_of(out)
 
@@ -320,7 +324,7 @@ def test_sdpa_only_under_no_grad_is_caught(pr_repo: PrRepo) -> None:
         "        return kernel(q, k, v, is_causal=True)\n" + first,
     )
     pr_repo.pr("attention")
-    code, out, _ = pr_repo.verdict()
+    code, out, _ = pr_repo.verdict("--full")
     assert code == 1
     assert {"source.dynamic", "runtime.no-sdpa-runtime"} <= rules_of(out), out["violations"]
 

@@ -6,7 +6,7 @@
     contracts check --base REV                        ... stage from 'Stage:' trailers
     contracts check --pre-push                        ... the refs pre-commit pushes
     contracts mutants [--stage S]                     the catalogued bugs must be killed
-    contracts pr --base REV [--head REV]              the whole trusted PR verdict
+    contracts pr --base REV [--head REV] [--full]     the whole trusted PR verdict
     contracts prepare [--cache-dir DIR]               build pr's sandbox interpreter ahead
 
 Exit status: 0 every check KEPT; 1 something BROKEN; 2 a usage or
@@ -118,6 +118,12 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument(
         "--no-api", action="store_true", help="skip the import-based API check (no torch needed)"
     )
+    check.add_argument(
+        "--python",
+        metavar="PY",
+        help="interpreter that imports the stages for the API check (it needs torch; "
+        "default: this one), e.g. the one 'contracts prepare' prints",
+    )
     _add_mutants_parser(sub)
     _add_pr_parser(sub)
     prepare = sub.add_parser(
@@ -178,6 +184,12 @@ def _add_pr_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
         "--timeout", type=float, default=1800.0, metavar="S", help="time limit of one test run"
     )
     pr.add_argument(
+        "--full",
+        action="store_true",
+        help="run every check even after one is BROKEN (default: stop at the first BROKEN "
+        "row, and at the first surviving mutant; the rest are NOT RUN rows)",
+    )
+    pr.add_argument(
         "--skip-mutants",
         action="store_true",
         help="leave the mutants out (NOT RUN): for a device job beside a full verdict on cpu",
@@ -220,6 +232,12 @@ def _add_mutants_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
         dest="use_cache",
         action="store_false",
         help="run every mutant, even ones killed before with unchanged module and tests",
+    )
+    mutants.add_argument(
+        "--write-hints",
+        action="store_true",
+        help="rewrite specs/mutant-hints.json with the test that killed each mutant (hints "
+        "order the runs; they never count as a kill)",
     )
     mutants.add_argument(
         "--jobs", type=int, default=0, metavar="N", help="parallel runs (default: CPU count)"
@@ -279,6 +297,7 @@ def _main_mutants(args: argparse.Namespace) -> int:
         timeout=args.timeout,
         fork=args.fork,
         progress=_progress if args.format == "text" else None,
+        write_hints=args.write_hints,
     )
     try:
         result = mutants_runner.run(opts)
@@ -330,6 +349,7 @@ def _main_pr(args: argparse.Namespace) -> int:
         timeout=args.timeout,
         mutants=not args.skip_mutants,
         oracle_seed=args.oracle_seed,
+        full=args.full,
     )
     return _judged(lambda: pr_verdict.run(request, _progress), render, render_error, args)
 
@@ -405,6 +425,7 @@ def _run(args: argparse.Namespace) -> int:
             report_files=list(args.report),
             require_devices=args.require_device,
             api=not args.no_api,
+            python=args.python,
         )
         return run(request)
 

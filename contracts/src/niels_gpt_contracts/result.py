@@ -37,7 +37,7 @@ NOT_RUN: Status = "NOT RUN"
 
 # Version of the JSON report (``--format json`` of ``check`` and ``mutants``)
 # that ``specs/report.schema.json`` describes; bump both together.
-REPORT_SCHEMA_VERSION = 1
+REPORT_SCHEMA_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -84,6 +84,8 @@ class Result:
         required_devices: devices whose NOT RUN counts as BROKEN.
         spec_rules: the spec-defined rules of the judged stages, by
             ``(stage, rule id)``; they describe ``static.<id>`` stage by stage.
+        phases: ``(phase, seconds)`` in the order the phases ran (``contracts
+            pr``); ``seconds``: the whole run's wall time, when measured.
     """
 
     mode: Literal["tree", "pr"]
@@ -95,6 +97,8 @@ class Result:
     changed_paths: int | None = None
     required_devices: tuple[str, ...] = ()
     spec_rules: dict[tuple[str, str], SpecRule] = field(default_factory=dict)
+    phases: list[tuple[str, float]] = field(default_factory=list)
+    seconds: float | None = None
 
     @property
     def violations(self) -> list[Violation]:

@@ -50,6 +50,7 @@ class Request:
     report_files: list[Path] = field(default_factory=list)
     require_devices: tuple[str, ...] = ()
     api: bool = True
+    python: str | None = None  # the interpreter that imports the stages (default: this one)
 
 
 def _outcome(stage: str, check: str, violations: list[Violation], kept: str) -> Outcome:
@@ -138,7 +139,8 @@ def run_tree(request: Request) -> Result:
     files = tree.files()
     pending = {s.id for s in chosen if not any(f.startswith(f"{s.package}/") for f in files)}
     built = [s for s in chosen if s.id not in pending]
-    api_found = api.check_api(built, tree) if request.api else None
+    python = request.python or sys.executable
+    api_found = api.check_api(built, tree, python) if request.api else None
     claims = invariants.scan_claims(tree)
     for spec in chosen:
         result.outcomes.append(Outcome(spec.id, "spec", KEPT, f"{spec.path} valid"))
@@ -169,7 +171,8 @@ def run_pr(request: Request) -> Result:
     result = ctx.result(request.require_devices)
     add_rule_texts(result, [ctx.spec])
     judge_pr_static(ctx, result)
-    api_found = api.check_api([ctx.spec], ctx.head_tree) if request.api else None
+    python = request.python or sys.executable
+    api_found = api.check_api([ctx.spec], ctx.head_tree, python) if request.api else None
     claims = invariants.scan_claims(ctx.head_tree)
     names_in = (sys.executable, None) if request.api else None
     stage_checks(

@@ -85,8 +85,16 @@ def check_names(
     tree: Tree,
     shared: set[str],
     interpreter: Interpreter | None,
+    *,
+    static: bool = True,
+    check: str = "source",
 ) -> list[Violation]:
-    """Both rules on the stage's modules; library chains resolved in ``interpreter``."""
+    """Both rules on the stage's modules; library chains resolved in ``interpreter``.
+
+    ``static=False`` gives only what needs the interpreter (library chains), as
+    ``contracts pr`` does in its ``names`` row once the sandbox exists, after the
+    ``source`` row gave the rest; ``check`` is the row the violations belong to.
+    """
     found: list[Violation] = []
     pending: dict[str, list[tuple[str, int]]] = {}
     for path, text in tree.read_many(spec.module_files).items():
@@ -96,13 +104,13 @@ def check_names(
             module = ast.parse(text)
         except SyntaxError:
             continue  # source.dynamic already names it
-        for rule, line, message in names.foreign_writes(module):
-            found.append(Violation(rule, path, line, message, spec.id, "source"))
+        for rule, line, message in names.foreign_writes(module) if static else ():
+            found.append(Violation(rule, path, line, message, spec.id, check))
         for dotted, line in names.chains(module):
             if dotted.split(".")[0] in shared:
-                why = _stage_chain(dotted, spec, specs, tree)
+                why = _stage_chain(dotted, spec, specs, tree) if static else None
                 if why:
-                    found.append(Violation("source.name", path, line, why, spec.id, "source"))
+                    found.append(Violation("source.name", path, line, why, spec.id, check))
             elif dotted.split(".")[0] in ALLOWED_IMPORTS:
                 pending.setdefault(dotted, []).append((path, line))
     if interpreter is None or not pending:
@@ -111,10 +119,10 @@ def check_names(
     if "__error__" in resolved:
         path, line = next(iter(pending.values()))[0]
         why = f"names could not be resolved: {resolved['__error__']}"
-        return [*found, Violation("source.name", path, line, why, spec.id, "source")]
+        return [*found, Violation("source.name", path, line, why, spec.id, check)]
     for dotted, places in sorted(pending.items()):
         why = names.judge_resolved(dotted, resolved.get(dotted, {"kind": "missing"}))
         if why:
             for path, line in places:
-                found.append(Violation("source.name", path, line, why, spec.id, "source"))
+                found.append(Violation("source.name", path, line, why, spec.id, check))
     return found

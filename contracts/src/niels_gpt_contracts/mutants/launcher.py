@@ -172,9 +172,16 @@ class Launcher:
         self.tracking.close()
 
     def run(
-        self, stage: str, tests: list[str], hypothesis: bool, overlay_for: tuple[Mutant, str] | None
+        self,
+        stage: str,
+        tests: list[str],
+        hypothesis: bool,
+        overlay_for: tuple[Mutant, str] | None,
+        *,
+        collect: bool = False,
     ) -> Run:
-        """One pytest run of ``tests`` (ids relative to the rootdir), mutated when asked."""
+        """One pytest run of ``tests`` (ids relative to the rootdir), mutated when asked;
+        ``collect``: only list the test ids the run would run (``--collect-only``)."""
         with tempfile.TemporaryDirectory(prefix="niels-mutant-") as tmp:
             work = Path(tmp)
             overlay: Path | None = None
@@ -185,7 +192,9 @@ class Launcher:
                 want = str(write_overlay(mutant, source, overlay))
                 module = mutant.module
             args = _pytest_args(self.env, stage, tests, hypothesis)
-            if overlay_for is None:  # the clean run: also time every test
+            if collect:
+                args.append("--collect-only")  # with -q: one test id a line
+            elif overlay_for is None:  # the clean run: also time every test
                 args += ["--durations=0", "--durations-min=0"]
             if self.fork:
                 # Preloaded plugin packages (hypothesis) are imported before pytest

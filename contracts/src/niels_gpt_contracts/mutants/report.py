@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 
-from niels_gpt_contracts.mutants.runner import MutantsResult, Verdict
+from niels_gpt_contracts.mutants.verdicts import MutantsResult, Verdict
 from niels_gpt_contracts.result import REPORT_SCHEMA_VERSION, Violation
 
 
@@ -28,7 +28,10 @@ def summary(result: MutantsResult) -> str:
         for s in ("survived", "stale", "error", "pending")
     }
     extra = ", ".join(f"{c} {s}" for s, c in counts.items() if c)
-    return f"killed {result.killed}/{n}" + (f" ({extra})" if extra else "")
+    text = f"killed {result.killed}/{n}" + (f" ({extra})" if extra else "")
+    if result.not_run:
+        text += f"; {len(result.not_run)} not run (stopped at the first mutant not killed)"
+    return text
 
 
 def violations(result: MutantsResult) -> list[Violation]:

@@ -1,102 +1,57 @@
-"""Run each stage's tests clean, then once per mutant, in parallel.
+"""Plan and run each stage's mutants: ``contracts mutants`` and the PR verdict's phase.
 
-Every run is a fresh ``python`` subprocess in its own temporary directory (so
-the hypothesis example database of one mutant never leaks into another) that
-runs pytest on the stage's test files with ``--invariant-prefix <stage>.``:
-only tests claiming one of the stage's invariants run. A mutant run puts an
-overlay directory holding the mutated module first on ``PYTHONPATH`` and
-first checks that the import system really resolves the module to that copy;
-if not, the run is an error, never a kill.
+Every run is a fresh pytest in its own temporary directory (so the hypothesis
+example database of one mutant never leaks into another), forked from a
+server that imported torch and pytest once (``launcher``), running the
+stage's test files with ``--invariant-prefix <stage>.``: only tests claiming
+one of the stage's invariants run. A mutant run puts an overlay directory
+holding the mutated module first on the import path and first checks that
+the import system really resolves the module to that copy; if not, the run
+is an error, never a kill. Mutant runs stop at the first failure; hypothesis
+does not shrink a failing example there (a kill needs none).
 
-Verdicts from pytest's exit status: 1 (a test failed) kills the mutant, and
-so do 2 and 4 (collection failed, or a test id the clean run collected is no
-longer found: the mutated module raises on import); 0 means it survived;
-anything else, or the per-mutant timeout, is an error. Mutant runs take the
-clean run's tests fastest first and stop at the first failure; hypothesis
-does not shrink a failing example there (a kill needs none). Kills are
-cached in ``.mutants-cache.json`` under a key made of the mutant, the mutated
-file, the stage's test files and the test configuration; a cached kill is not
-run again unless the cache is disabled.
+``execute`` decides what runs (``schedule``): a kill proven before under the
+same proof key (``proof``: all stage code in normal form, the tests, the
+configuration, the checker and the environment) is reused from the store
+(``store``, ``.mutants-cache.json`` for the working tree); a hinted mutant
+(``hints``) runs its hinted test first; the rest run every claiming test,
+fastest first. Verdicts are read in ``verdicts``.
 """
 
 from __future__ import annotations
 
 import ast
-import contextlib
-import hashlib
-import itertools
-import json
 import os
-import re
 import sys
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 from niels_gpt_contracts.checks import invariants
 from niels_gpt_contracts.checks.loading import load_specs
+from niels_gpt_contracts.checks.modules import namespaces
 from niels_gpt_contracts.errors import ConfigError
-from niels_gpt_contracts.gitdiff import GitRepo, Tree, WorkingTree
-from niels_gpt_contracts.mutants.catalogue import (
-    SRC_MARKER,
-    Mutant,
-    apply,
-    catalogue,
-    compile_problem,
-)
-from niels_gpt_contracts.mutants.launcher import OVERLAY_MISSED, SERVER_DIED, Launcher, Run, TestEnv
+from niels_gpt_contracts.gitdiff import GitRepo, WorkingTree
+from niels_gpt_contracts.mutants import hints as hint_file
+from niels_gpt_contracts.mutants import proof
+from niels_gpt_contracts.mutants.catalogue import SRC_MARKER, apply, catalogue, compile_problem
+from niels_gpt_contracts.mutants.launcher import Launcher, TestEnv
+from niels_gpt_contracts.mutants.schedule import Outcome, Scheduler, Todo
+from niels_gpt_contracts.mutants.store import Cache
+from niels_gpt_contracts.mutants.verdicts import MutantsResult, Plan, Status, Verdict
+from niels_gpt_contracts.sandbox.environment import Sandbox
 from niels_gpt_contracts.spec import Spec
 
-Status = Literal["killed", "survived", "stale", "error", "pending"]
+__all__ = ["Cache", "MutantsResult", "Options", "Plan", "Status", "Verdict", "execute", "run"]
+
 PENDING = (
     "marked retarget = true by an amendment: re-target it at the new code (the same bug) "
     "and remove the mark"
 )
 CACHE_FILE = ".mutants-cache.json"
-CACHE_VERSION = 1
 DEFAULT_TIMEOUT = 120.0
-# Files outside the stage that decide how its tests run (part of the cache key).
+# Files outside the stage that decide how its tests run (part of the proof key).
 CONFIG_FILES = ("conftest.py", "pyproject.toml")
-
-
-_FAILED_LINE = re.compile(r"^(FAILED|ERROR) (\S+)", re.MULTILINE)
-
-
-@dataclass
-class Verdict:
-    mutant: Mutant
-    status: Status
-    reason: str
-    cached: bool = False
-    seconds: float = 0.0
-
-
-@dataclass
-class StageRun:
-    """The clean run of one stage's claiming tests."""
-
-    stage: str
-    ok: bool
-    reason: str
-    seconds: float
-    tests: list[str] = field(default_factory=list)
-
-
-@dataclass
-class MutantsResult:
-    stages: list[str]
-    clean: list[StageRun]
-    verdicts: list[Verdict]
-
-    @property
-    def killed(self) -> int:
-        return sum(v.status == "killed" for v in self.verdicts)
-
-    @property
-    def ok(self) -> bool:
-        return all(v.status == "killed" for v in self.verdicts)
 
 
 @dataclass
@@ -110,111 +65,23 @@ class Options:
     python: str = sys.executable
     fork: bool = True
     progress: Callable[[str], None] | None = None
+    stop_early: bool = False  # no new run once a mutant is not killed
+    write_hints: bool = False  # rewrite specs/mutant-hints.json from the kills
 
 
 @dataclass
-class Plan:
-    """One stage's mutants and the tests (ids under the rootdir) that must kill them."""
+class Work:
+    """Everything ``execute`` needs besides the environment and the store."""
 
-    stage: str
-    tests: list[str]
-    mutants: list[Mutant]
-    hypothesis: bool
-    order: list[str] = field(default_factory=list)  # test ids, fastest first, from the clean run
-
-
-def _sha(*parts: str) -> str:
-    digest = hashlib.sha256()
-    for part in parts:
-        digest.update(part.encode("utf-8", "surrogateescape"))
-        digest.update(b"\0")
-    return digest.hexdigest()
+    plans: list[Plan]
+    keys: proof.ProofKeys
+    hints: Mapping[str, str]  # committed hints (specs/mutant-hints.json)
+    preload: Sequence[str]
+    known: frozenset[str] = frozenset()  # every catalogued mutant of the tree
 
 
-def plugin_source() -> str:
-    # Read, not imported: the CLI side of the checker stays apart from the plugin.
-    return (Path(__file__).resolve().parents[1] / "pytest_plugin.py").read_text(encoding="utf-8")
-
-
-class Cache:
-    def __init__(self, path: Path, enabled: bool) -> None:
-        self.path = path
-        self.enabled = enabled
-        self.entries: dict[str, dict[str, str]] = {}
-        if path.is_file():
-            with contextlib.suppress(ValueError, OSError):
-                data = json.loads(path.read_text(encoding="utf-8"))
-                if isinstance(data, dict) and data.get("version") == CACHE_VERSION:
-                    self.entries = dict(data.get("kills", {}))
-
-    def kill(self, name: str, key: str) -> str | None:
-        entry = self.entries.get(name)
-        if self.enabled and entry and entry.get("key") == key:
-            return entry.get("reason", "")
-        return None
-
-    def record(self, verdicts: list[Verdict], keys: dict[str, str]) -> None:
-        for v in verdicts:
-            if v.cached:
-                continue
-            if v.status == "killed":
-                self.entries[v.mutant.name] = {"key": keys[v.mutant.name], "reason": v.reason}
-            else:
-                self.entries.pop(v.mutant.name, None)
-        payload = {"version": CACHE_VERSION, "kills": dict(sorted(self.entries.items()))}
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(payload, indent=1) + "\n", encoding="utf-8")
-        os.replace(tmp, self.path)
-
-
-_DURATION = re.compile(r"^\s*([0-9.]+)s (?:setup|call|teardown)\s+(\S.*?)\s*$", re.MULTILINE)
-
-
-def _fastest_first(output: str) -> list[str]:
-    """Test ids from a ``--durations=0`` report, quickest first (stable by name).
-
-    Mutant runs stop at the first failure (``-x``), so running the cheap tests
-    first makes a typical kill take a fraction of the suite.
-    """
-    total: dict[str, float] = {}
-    for seconds, nodeid in _DURATION.findall(output):
-        total[nodeid] = total.get(nodeid, 0.0) + float(seconds)
-    return sorted(total, key=lambda n: (total[n], n))
-
-
-def _first_failure(output: str) -> str:
-    m = _FAILED_LINE.search(output)
-    if m:
-        return f"{m.group(1).lower()}: {m.group(2)}"
-    tail = [line for line in output.strip().splitlines() if line.strip()]
-    return tail[-1][:200] if tail else "no output"
-
-
-def _judge(mutant: Mutant, run: Run, timeout: float) -> Verdict:
-    if run.code is None:
-        return Verdict(mutant, "error", f"timeout after {timeout:g} s", seconds=run.seconds)
-    if run.code == 0:
-        return Verdict(mutant, "survived", "every claiming test passed", seconds=run.seconds)
-    if run.code == 1:
-        return Verdict(mutant, "killed", _first_failure(run.output), seconds=run.seconds)
-    if run.code in (2, 4):  # the same selection collected cleanly, so the mutant broke it
-        why = _first_failure(run.output)
-        return Verdict(mutant, "killed", f"collection failed ({why})", seconds=run.seconds)
-    if run.code == SERVER_DIED:
-        return Verdict(mutant, "error", run.output, seconds=run.seconds)
-    if run.code == OVERLAY_MISSED:
-        return Verdict(mutant, "error", run.output.strip()[-300:], seconds=run.seconds)
-    return Verdict(
-        mutant,
-        "error",
-        f"pytest exited {run.code}: {_first_failure(run.output)}",
-        seconds=run.seconds,
-    )
-
-
-def stage_tests(tree: Tree, stage: str) -> list[str]:
-    paths = {c.path for c in invariants.scan_claims(tree) if c.id and c.id.startswith(f"{stage}.")}
-    return sorted(paths)
+def stage_tests(claims: Sequence[invariants.Claim], stage: str) -> list[str]:
+    return sorted({c.path for c in claims if c.id and c.id.startswith(f"{stage}.")})
 
 
 def preload_modules(texts: Sequence[str], first_party: set[str]) -> list[str]:
@@ -240,14 +107,12 @@ def plan_stage(
     tests: list[str],
     read: Callable[[str], str | None],
     only: Sequence[str] = (),
-    key_parts: Sequence[str] = (),
     skip_retarget: bool = False,
-) -> tuple[Plan, dict[str, str]]:
-    """The plan of one stage and the cache key of each of its mutants.
+) -> Plan:
+    """One stage's mutants (``only``: some of them) and the tests that must kill them.
 
-    ``read`` gives a file's text by repository path (module files and tests);
-    ``key_parts`` are more texts that decide a kill (configuration, plugin,
-    the rest of the code under test).
+    ``skip_retarget``: leave out the mutants an amendment marked ``retarget``
+    (a PR verdict: NOT RUN there, never killed).
     """
     mutants = catalogue(spec, spec_text)
     if skip_retarget:  # a PR verdict whose base marked them: NOT RUN there, never killed
@@ -256,43 +121,8 @@ def plan_stage(
         mutants = [m for m in mutants if m.name in only or m.id in only]
     if mutants and not tests:
         raise ConfigError(f"stage {spec.id!r} has mutants but no test claims its invariants")
-    test_texts = [f"{t}\n{read(t) or ''}" for t in tests]
-    keys = {
-        m.name: _sha(
-            str(CACHE_VERSION), m.definition(), read(m.file) or "", *key_parts, *test_texts
-        )
-        for m in mutants
-    }
-    uses_hypothesis = any("hypothesis" in t for t in test_texts)
-    return Plan(spec.id, tests, mutants, uses_hypothesis), keys
-
-
-def plan(opts: Options) -> tuple[Path, list[Plan], dict[str, str], list[str]]:
-    """Load the specs and decide what runs; returns the repo root, plans, cache keys."""
-    repo = GitRepo.discover(opts.repo)
-    tree = WorkingTree(repo)
-    specs = load_specs(tree)
-    unknown = [s for s in opts.stages if s not in specs]
-    if unknown:
-        raise ConfigError(
-            f"unknown stage {unknown[0]!r}: expected one of {', '.join(specs)}, "
-            f"found no specs/{unknown[0]}.toml"
-        )
-    chosen = list(opts.stages) or [s for s in specs if specs[s].mutants]
-    config = [tree.read(p) or "" for p in CONFIG_FILES]
-    plans: list[Plan] = []
-    keys: dict[str, str] = {}
-    sources: list[str] = [t for t in config if t]
-    for stage in chosen:
-        spec = specs[stage]
-        tests = stage_tests(tree, stage)
-        p, k = plan_stage(
-            spec, tree.read(spec.path), tests, tree.read, opts.only, [plugin_source(), *config]
-        )
-        plans.append(p)
-        keys.update(k)
-        sources += [tree.read(t) or "" for t in tests]
-    return repo.root, plans, keys, preload_modules(sources, first_party(tree.files()))
+    uses_hypothesis = any("hypothesis" in (read(t) or "") for t in tests)
+    return Plan(spec.id, tests, mutants, uses_hypothesis)
 
 
 def first_party(files: Sequence[str]) -> set[str]:
@@ -304,108 +134,130 @@ def first_party(files: Sequence[str]) -> set[str]:
     }
 
 
+def code_files(files: Sequence[str]) -> list[str]:
+    """Every stage module of a tree: what a test may import, so what decides a kill."""
+    return sorted(
+        f for f in files if f.startswith("packages/") and SRC_MARKER in f and f.endswith(".py")
+    )
+
+
+def test_files(files: Sequence[str]) -> list[str]:
+    """Every Python file of the tests' folders (the tests and what they may import)."""
+    return sorted(
+        f
+        for f in files
+        if f.endswith(".py") and "/tests/" in f and f.startswith(("packages/", "specs/"))
+    )
+
+
+def site_paths(python: str, names: Iterable[str]) -> list[str]:
+    """``python``'s import path outside the stages' own folders (see ``Sandbox.site_paths``)."""
+    return Sandbox(python, Path(), Path(), tuple(names)).site_paths()
+
+
+def plan(opts: Options) -> tuple[Path, Work]:
+    """Load the working tree's specs and decide what runs."""
+    repo = GitRepo.discover(opts.repo)
+    tree = WorkingTree(repo)
+    specs = load_specs(tree)
+    unknown = [s for s in opts.stages if s not in specs]
+    if unknown:
+        raise ConfigError(
+            f"unknown stage {unknown[0]!r}: expected one of {', '.join(specs)}, "
+            f"found no specs/{unknown[0]}.toml"
+        )
+    chosen = list(opts.stages) or [s for s in specs if specs[s].mutants]
+    files = tree.files()
+    claims = invariants.scan_claims(tree)
+    plans = []
+    for stage in chosen:
+        spec = specs[stage]
+        plans.append(
+            plan_stage(spec, tree.read(spec.path), stage_tests(claims, stage), tree.read, opts.only)
+        )
+    code = {f: tree.read(f) or "" for f in code_files(files)}
+    tests = {f: tree.read(f) or "" for f in test_files(files)}
+    config = [tree.read(p) or "" for p in CONFIG_FILES]
+    env = proof.environment(site_paths(opts.python, namespaces(specs)))
+    keys = proof.ProofKeys(code, tests, [*config, *proof.checker_files()], env)
+    ran = [tests[t] for p in plans for t in p.tests if t in tests]
+    preload = preload_modules([*config, *ran], first_party(files))
+    known = frozenset(m.name for s in specs.values() for m in catalogue(s, tree.read(s.path)))
+    committed = hint_file.parse(tree.read(hint_file.HINTS_PATH))
+    return repo.root, Work(plans, keys, committed, preload, known)
+
+
 def run(opts: Options) -> MutantsResult:
-    """Clean runs first (each must pass), then every mutant not killed before.
+    """Every mutant not killed before under the same key.
 
     Raises:
         ConfigError: unknown stage, malformed spec, or a clean run that fails.
     """
-    root, plans, keys, preload = plan(opts)
+    root, work = plan(opts)
     cache = Cache(root / CACHE_FILE, opts.use_cache)
-    return execute(plans, keys, preload, TestEnv.for_repo(root, opts.python), cache, opts)
+    result = execute(work, TestEnv.for_repo(root, opts.python), cache, opts)
+    if opts.write_hints:
+        write_hints(root, work, cache)
+    return result
 
 
-def execute(
-    plans: list[Plan],
-    keys: dict[str, str],
-    preload: Sequence[str],
-    env: TestEnv,
-    cache: Cache,
-    opts: Options,
-) -> MutantsResult:
+def write_hints(root: Path, work: Work, cache: Cache) -> None:
+    """Rewrite ``specs/mutant-hints.json``: the killing test of every mutant that has one.
+
+    The store's tests (this run's kills, and earlier ones) over the committed
+    hints; a hint of a mutant no spec catalogues any more is dropped.
+    """
+    found = {**work.hints, **{n: e["test"] for n, e in cache.entries.items() if e.get("test")}}
+    text = hint_file.render({n: t for n, t in found.items() if n in work.known})
+    (root / hint_file.HINTS_PATH).write_text(text, encoding="utf-8")
+
+
+def execute(work: Work, env: TestEnv, cache: Cache, opts: Options) -> MutantsResult:
     """Run the plans in ``env``; mutated modules are read from ``env.sources``."""
+    say = opts.progress or (lambda _line: None)
     jobs = max(1, opts.jobs or os.cpu_count() or 1)
-    verdicts: dict[str, Verdict] = {}
-    todo: list[tuple[Mutant, str]] = []
-    for p in plans:
+    out = Outcome()
+    keys: dict[str, str] = {}
+    todo: list[Todo] = []
+    for p in work.plans:
+        tested = set(p.tests)
         for m in p.mutants:
             if m.retarget:  # main must never carry one: a known bug left unchecked
-                verdicts[m.name] = Verdict(m, "pending", PENDING)
-                continue
-            cached = cache.kill(m.name, keys[m.name])
-            if cached is not None:
-                verdicts[m.name] = Verdict(m, "killed", cached, cached=True)
+                out.verdicts[m.name] = Verdict(m, "pending", PENDING)
                 continue
             path = env.sources / m.file
             text = path.read_text("utf-8", "surrogateescape") if path.is_file() else None
             applied = apply(m, text)
             if applied.source is None:
-                verdicts[m.name] = Verdict(m, "stale", applied.stale or "stale")
+                out.verdicts[m.name] = Verdict(m, "stale", applied.stale or "stale")
                 continue
             problem = compile_problem(m, applied.source)
             if problem:
-                verdicts[m.name] = Verdict(m, "error", problem)
+                out.verdicts[m.name] = Verdict(m, "error", problem)
                 continue
-            todo.append((m, applied.source))
-
-    clean: list[StageRun] = []
-    if todo:  # a stage whose mutants are all cached or stale needs no clean run
+            keys[m.name] = work.keys.key(m.name, m.file, applied.source, p.tests)
+            cached = cache.kill(m.name, keys[m.name])
+            if cached is not None:
+                out.verdicts[m.name] = Verdict(m, "killed", cached, cached=True)
+                continue
+            hint = cache.hint(m.name) or work.hints.get(m.name)
+            usable = hint is not None and hint.split("::", 1)[0] in tested
+            todo.append(Todo(m, applied.source, hint if usable else None))
+    decided_bad = any(v.status != "killed" for v in out.verdicts.values())
+    if opts.stop_early and decided_bad:
+        out.not_run += [t.mutant for t in todo]
+    elif todo:
+        hinted = sum(t.hint is not None for t in todo)
+        say(f"mutants to run: {len(todo)} ({hinted} with a hint); {len(out.verdicts)} decided")
         launcher = Launcher(
-            env, min(jobs, len(todo)), preload, timeout=opts.timeout, fork=opts.fork
+            env, min(jobs, len(todo)), work.preload, timeout=opts.timeout, fork=opts.fork
         )
         try:
-            clean = _run_all(opts, launcher, plans, todo, verdicts, jobs)
+            Scheduler(launcher, work.plans, jobs, opts.timeout, say, opts.stop_early).run(todo, out)
         finally:
             launcher.close()
-    ordered = [verdicts[m.name] for p in plans for m in p.mutants]
+    ordered = [
+        out.verdicts[m.name] for p in work.plans for m in p.mutants if m.name in out.verdicts
+    ]
     cache.record(ordered, keys)
-    return MutantsResult([p.stage for p in plans], clean, ordered)
-
-
-def _run_all(
-    opts: Options,
-    launcher: Launcher,
-    plans: list[Plan],
-    todo: list[tuple[Mutant, str]],
-    verdicts: dict[str, Verdict],
-    jobs: int,
-) -> list[StageRun]:
-    say = opts.progress or (lambda _line: None)
-    plan_of = {p.stage: p for p in plans}
-    busy = [p.stage for p in plans if any(m.stage == p.stage for m, _ in todo)]
-
-    def clean_run(stage: str) -> StageRun:
-        p = plan_of[stage]
-        r = launcher.run(p.stage, p.tests, p.hypothesis, None)
-        if r.code == 0:
-            p.order = _fastest_first(r.output)
-            return StageRun(stage, True, "passed", r.seconds, p.tests)
-        why = "timeout" if r.code is None else _first_failure(r.output)
-        return StageRun(stage, False, why, r.seconds, p.tests)
-
-    done = itertools.count(1)
-
-    def mutant_run(item: tuple[Mutant, str]) -> Verdict:
-        m = item[0]
-        p = plan_of[m.stage]
-        run = launcher.run(p.stage, p.order or p.tests, p.hypothesis, item)
-        verdict = _judge(m, run, opts.timeout)
-        # Progress, not the report: the report's MUTANT lines come at the end.
-        say(f"  [{next(done)}/{len(todo)}] {m.name}: {verdict.status} in {verdict.seconds:.1f} s")
-        return verdict
-
-    clean: list[StageRun] = []
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        for result in pool.map(clean_run, busy):
-            clean.append(result)
-            state = "passed" if result.ok else "FAILED"
-            say(f"CLEAN {result.stage} {state} ({result.seconds:.1f} s)")
-        failed = [c for c in clean if not c.ok]
-        if failed:
-            raise ConfigError(
-                "the clean test run must pass before mutants mean anything: "
-                + "; ".join(f"{c.stage}: {c.reason}" for c in failed)
-            )
-        for verdict in pool.map(mutant_run, todo):
-            verdicts[verdict.mutant.name] = verdict
-    return clean
+    return MutantsResult([p.stage for p in work.plans], out.clean, ordered, out.not_run)

@@ -41,14 +41,18 @@ def check_overlay(module: str, want: str) -> str | None:
 
 
 class NoShrink:
-    """pytest plugin: hypothesis stops at the first failing example.
+    """pytest plugin: hypothesis stops at the first failing example (and the
+    ``slow`` marker that mutant runs deselect is always known).
 
     A mutant is killed by any failure; shrinking that example to a minimal
     one only costs time. Applied after conftest files loaded their profile,
     on top of it, so example counts and deadlines stay the project's own.
     """
 
-    def pytest_configure(self) -> None:
+    def pytest_configure(self, config: Any) -> None:
+        # Mutant runs deselect ``-m "not slow"``; a project that has no slow
+        # tests need not register the marker for that (``--strict-markers``).
+        config.addinivalue_line("markers", "slow: deselected in mutant runs")
         if "hypothesis" not in sys.modules:
             return
         from hypothesis import Phase, settings

@@ -1,5 +1,5 @@
 """JSON: ``{"schema_version", "ok", "mode", "stages", "outcomes", "violations",
-"summary", ...}``, described by ``specs/report.schema.json`` (whose version
+"summary", "phases", "seconds", ...}``, described by ``specs/report.schema.json`` (whose version
 is ``schema_version``).
 
 Each violation has ``rule``, ``path``, ``line`` (or null), ``message``,
@@ -32,6 +32,8 @@ def render(result: Result) -> str:
         ],
         "violations": [asdict(v) for v in ordered(result.violations)],
         "summary": summary(result),
+        "phases": [{"phase": n, "seconds": round(s, 2)} for n, s in result.phases],
+        "seconds": round(result.seconds, 2) if result.seconds is not None else None,
     }
     return json.dumps(payload, indent=2) + "\n"
 

@@ -6,7 +6,23 @@ terminal control sequences."""
 from __future__ import annotations
 
 from niels_gpt_contracts.reporters.common import location, ordered, printable, summary
-from niels_gpt_contracts.result import Result
+from niels_gpt_contracts.result import Outcome, Result
+
+
+def row_lines(o: Outcome, width: int) -> list[str]:
+    """One row and its violations, printable (also streamed while a verdict runs)."""
+    out = [f"{o.status:<7}  {o.stage:<{width}}  {o.check:<11}  {o.summary}"]
+    out += [f"    {location(v)}: {v.rule}: {v.message}" for v in ordered(o.violations)]
+    return [printable(line) for line in out]
+
+
+def timing(result: Result) -> str | None:
+    """``time: static 0.4 s, ...; total 93.1 s``: how long each phase took, if timed."""
+    if not result.phases:
+        return None
+    parts = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in result.phases)
+    total = f"; total {result.seconds:.1f} s" if result.seconds is not None else ""
+    return f"time: {parts}{total}"
 
 
 def lines(result: Result) -> list[str]:
@@ -25,9 +41,10 @@ def lines(result: Result) -> list[str]:
         out.append(f"contracts: checking {len(result.stages)} stage(s) on the working tree")
     width = max((len(o.stage) for o in result.outcomes), default=0)
     for o in result.outcomes:
-        out.append(f"{o.status:<7}  {o.stage:<{width}}  {o.check:<11}  {o.summary}")
-        for v in ordered(o.violations):
-            out.append(f"    {location(v)}: {v.rule}: {v.message}")
+        out += row_lines(o, width)
+    took = timing(result)
+    if took is not None:
+        out.append(took)
     out.append(summary(result))
     return [printable(line) for line in out]
 

@@ -26,6 +26,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from filelock import FileLock, Timeout
+
 import niels_gpt_contracts
 from niels_gpt_contracts.errors import ConfigError
 
@@ -33,6 +35,8 @@ BOOTSTRAP_SITE = Path(__file__).with_name("_bootstrap_site.py")
 # What the verdict's runs need in the environment; versions come from the
 # base's constraints.txt.
 TOOLS = ("torch", "numpy", "pytest", "pytest-xdist", "hypothesis")
+# How long a verdict waits for another one building the same environment.
+BUILD_WAIT_S = 1800.0
 PASSED_THROUGH = (
     "PATH",
     "LANG",
@@ -201,10 +205,15 @@ def build(cache: Path, constraints: str, say: Callable[[str], None]) -> str:
     Built once under ``cache/envs/<fingerprint>`` and reused while the
     constraints, the tool list and the Python version stay the same. pip runs
     with the caller's own configuration (index, proxy): only the tools are
-    installed, never the PR's packages.
+    installed, never the PR's packages. Verdicts that share a cache build it
+    once: the builder holds ``<fingerprint>.lock`` (a file lock) while it
+    builds and writes the ready stamp last; the others wait for the lock,
+    then find the stamp and reuse the environment. A build that died half way
+    left no stamp, and the next one starts it again.
 
     Raises:
-        ConfigError: the venv or the install failed.
+        ConfigError: the venv or the install failed, or another build held the
+            lock longer than ``BUILD_WAIT_S``.
     """
     env_dir = cache / "envs" / fingerprint(constraints)
     bin_dir = env_dir / ("Scripts" if sys.platform == "win32" else "bin")
@@ -212,9 +221,32 @@ def build(cache: Path, constraints: str, say: Callable[[str], None]) -> str:
     stamp = env_dir / "niels-gpt-ready"
     if stamp.is_file() and python.exists():
         return str(python)
+    env_dir.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(env_dir.parent / f"{env_dir.name}.lock")
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        say(f"waiting for another verdict building {env_dir}")
+        try:
+            lock.acquire(timeout=BUILD_WAIT_S)
+        except Timeout as err:
+            raise ConfigError(
+                f"could not build the sandbox environment: expected the lock {lock.lock_file} "
+                f"within {BUILD_WAIT_S:g} s, found it still held by another build"
+            ) from err
+    try:
+        if not (stamp.is_file() and python.exists()):  # or built while we waited
+            _build(env_dir, python, constraints, say)
+            stamp.write_text(" ".join(TOOLS) + "\n", encoding="utf-8")
+    finally:
+        lock.release()
+    return str(python)
+
+
+def _build(env_dir: Path, python: Path, constraints: str, say: Callable[[str], None]) -> None:
+    """Create ``env_dir`` afresh and install the tools (the caller holds the lock)."""
     say(f"building the sandbox environment {env_dir} (once per constraints file)")
     shutil.rmtree(env_dir, ignore_errors=True)
-    env_dir.parent.mkdir(parents=True, exist_ok=True)
     pinned = env_dir.parent / f"{env_dir.name}-constraints.txt"
     pinned.write_text(constraints, encoding="utf-8")
     steps = (
@@ -239,5 +271,3 @@ def build(cache: Path, constraints: str, say: Callable[[str], None]) -> str:
                 f"could not build the sandbox environment ({' '.join(step[:4])} exited "
                 f"{done.returncode}): {tail}"
             )
-    stamp.write_text(" ".join(TOOLS) + "\n", encoding="utf-8")
-    return str(python)

@@ -20,8 +20,11 @@ from pathlib import Path
 import niels_gpt_contracts
 from niels_gpt_contracts.sandbox.environment import Snapshot
 
-# Modules that run only inside the sandbox (scripts), never in the checker.
-SANDBOX_SCRIPTS = (
+# Modules that run only inside the sandbox (scripts, and the pytest plugin that
+# the sandbox's pytest loads from the bootstrap copy), never in the checker:
+# they import what the checker does not depend on (pytest, torch). The guard
+# still hashes their files.
+SANDBOX_ONLY = (
     "_probe",
     "_name_probe",
     "_runtime_probe",
@@ -29,16 +32,22 @@ SANDBOX_SCRIPTS = (
     "zygote",
     "_oracle_kit",
     "_oracle_worker",
+    "pytest_plugin",
+    "collection",  # the pytest plugin's helper
 )
 
 
 def preload() -> int:
-    """Import every checker module now; how many."""
+    """Import every module the checker itself runs now (not ``SANDBOX_ONLY``); how many.
+
+    Only the checker's declared dependencies are imported here: the checker
+    installed alone (``pip install ./contracts``, no pytest or torch) must run.
+    """
     count = 0
     for info in pkgutil.walk_packages(
         niels_gpt_contracts.__path__, prefix=f"{niels_gpt_contracts.__name__}."
     ):
-        if info.name.rsplit(".", 1)[-1] in SANDBOX_SCRIPTS:
+        if info.name.rsplit(".", 1)[-1] in SANDBOX_ONLY:
             continue
         importlib.import_module(info.name)
         count += 1

@@ -4,9 +4,13 @@ The catalogue comes from the base's specs; each mutant patches the head's
 module (a PR that rewrites the patched lines makes the mutant stale, which
 fails until a maintainer updates the spec); the killing tests are the
 reference tests claiming the stage's invariants, run in the sandbox. A kill
-is cached under a key holding the mutant, every source file of the head, the
-tests, the base's conftest and pytest settings and the checker's plugin, so
-a kill the base already proved with the same code is not proved again.
+proven before under the same proof key (``mutants.proof``: the head's stage
+code in normal form, so an edit of docstrings or comments keeps it; the
+reference tests; the base's conftest and pytest settings; the checker; the
+sandbox interpreter's files) is reused from the cache. The hints (the test
+that killed a mutant before, from the cache or the base's
+``specs/mutant-hints.json``) order the runs and prove nothing by themselves.
+Unless ``--full``, no run starts once a mutant survives.
 """
 
 from __future__ import annotations
@@ -17,17 +21,18 @@ from typing import TYPE_CHECKING
 
 from niels_gpt_contracts.checks import invariants, pr_context
 from niels_gpt_contracts.errors import ConfigError
-from niels_gpt_contracts.mutants import report
+from niels_gpt_contracts.mutants import hints, proof, report
 from niels_gpt_contracts.mutants.launcher import TestEnv
 from niels_gpt_contracts.mutants.runner import (
-    Cache,
     Options,
+    Work,
     execute,
     first_party,
     plan_stage,
-    plugin_source,
     preload_modules,
+    stage_tests,
 )
+from niels_gpt_contracts.mutants.store import Cache
 from niels_gpt_contracts.result import BROKEN, KEPT, NOT_RUN, Outcome, Violation
 from niels_gpt_contracts.sandbox import processes
 from niels_gpt_contracts.sandbox.environment import Sandbox
@@ -36,7 +41,8 @@ from niels_gpt_contracts.sandbox.workspace import src_roots
 from niels_gpt_contracts.verdict import plan
 
 if TYPE_CHECKING:
-    from niels_gpt_contracts.verdict.pr import PrRequest, Workspace
+    from niels_gpt_contracts.verdict.files import Workspace
+    from niels_gpt_contracts.verdict.pr import PrRequest
 
 CACHE_NAME = "mutants-cache.json"
 
@@ -58,6 +64,19 @@ def _env(box: Sandbox, w: Workspace) -> TestEnv:
     )
 
 
+def _texts(root: Path) -> dict[str, str]:
+    """Every Python file written under ``root``, by its repository path."""
+    return {
+        p.relative_to(root).as_posix(): p.read_text(encoding="utf-8", errors="surrogateescape")
+        for p in sorted(root.rglob("*.py"))
+    }
+
+
+def _error(stage: str, summary: str, message: str, path: str | None = None) -> Outcome:
+    found = [Violation("mutant.error", path, None, message, stage, "mutants")]
+    return Outcome(stage, "mutants", BROKEN, summary, found)
+
+
 def run_mutants(
     ctx: pr_context.PrContext,
     p: plan.Plan,
@@ -76,10 +95,8 @@ def run_mutants(
     refs = set(p.reference_files)
     claims = invariants.scan_claims(ctx.base_tree, p.reference_from_base)
     claims += invariants.scan_claims(ctx.head_tree, p.reference_from_head)
-    head_src = sorted(
-        f for f in ctx.head_tree.files() if "/src/" in f and f.startswith("packages/")
-    )
-    code = [f"{f}\n{ctx.head_tree.read(f) or ''}" for f in head_src]
+    claims = [c for c in claims if c.path in refs]
+    tests = {f: t for f, t in _texts(w.ref).items() if f in refs}
     config = [
         (w.ref / n).read_text(encoding="utf-8")
         for n in ("conftest.py", "pyproject.toml")
@@ -87,38 +104,24 @@ def run_mutants(
     ]
 
     def read(path: str) -> str | None:
-        if path in refs:
-            return (w.ref / path).read_text(encoding="utf-8")
-        return ctx.head_tree.read(path)
+        return tests.get(path)
 
-    plans, keys, texts = [], {}, []
+    plans = []
     for spec in p.closure:
         if not spec.mutants:
             continue
-        tests = sorted(
-            {c.path for c in claims if c.id and c.id.startswith(f"{spec.id}.") and c.path in refs}
-        )
         try:
-            one, k = plan_stage(
-                spec,
-                ctx.base_tree.read(spec.path),
-                tests,
-                read,
-                (),
-                [plugin_source(), *config, *code],
-                skip_retarget=True,
+            plans.append(
+                plan_stage(
+                    spec,
+                    ctx.base_tree.read(spec.path),
+                    stage_tests(claims, spec.id),
+                    read,
+                    skip_retarget=True,
+                )
             )
         except ConfigError as err:
-            return Outcome(
-                stage,
-                "mutants",
-                BROKEN,
-                "cannot plan",
-                [Violation("mutant.error", spec.path, None, str(err), stage, "mutants")],
-            )
-        plans.append(one)
-        keys.update(k)
-        texts += [read(t) or "" for t in tests]
+            return _error(stage, "cannot plan", str(err), spec.path)
     # Marked by the base's amendment (a PR cannot mark one): this PR rewrites their code.
     pending = [f"{s.id}.{m['id']}" for s in p.closure for m in s.mutants if m.get("retarget")]
     if not any(x.mutants for x in plans):
@@ -126,24 +129,16 @@ def run_mutants(
             return Outcome(stage, "mutants", NOT_RUN, _pending(pending))
         return Outcome(stage, "mutants", KEPT, "no mutants catalogued for the closure")
     say(f"mutants: {sum(len(x.mutants) for x in plans)} of {', '.join(x.stage for x in plans)}")
-    opts = Options(repo=request.repo, jobs=request.jobs, progress=say)
+    environment = proof.environment(box.site_paths())
+    keys = proof.ProofKeys(_texts(w.head), tests, [*config, *proof.checker_files()], environment)
+    ran = [tests[t] for x in plans for t in x.tests]
+    preload = preload_modules([*config, *ran], first_party(ctx.head_tree.files()))
+    committed = hints.parse(ctx.base_tree.read(hints.HINTS_PATH))
+    opts = Options(repo=request.repo, jobs=request.jobs, progress=say, stop_early=not request.full)
     try:
-        result = execute(
-            plans,
-            keys,
-            preload_modules(texts, first_party(ctx.head_tree.files())),
-            _env(box, w),
-            cache,
-            opts,
-        )
+        result = execute(Work(plans, keys, committed, preload), _env(box, w), cache, opts)
     except ConfigError as err:  # a clean run that fails: the reference rows say why
-        return Outcome(
-            stage,
-            "mutants",
-            BROKEN,
-            "clean run failed",
-            [Violation("mutant.error", None, None, str(err), stage, "mutants")],
-        )
+        return _error(stage, "clean run failed", str(err))
     found = [
         Violation(v.rule, v.path, v.line, v.message, stage, "mutants")
         for v in report.violations(result)
@@ -151,7 +146,7 @@ def run_mutants(
     summary = report.summary(result)
     if pending:
         summary += f"; {_pending(pending)}"
-    status = BROKEN if found else NOT_RUN if pending else KEPT
+    status = BROKEN if found or not result.ok else NOT_RUN if pending else KEPT
     return Outcome(stage, "mutants", status, summary, found)
 
 

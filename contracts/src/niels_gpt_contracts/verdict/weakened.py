@@ -19,14 +19,15 @@ from pathlib import Path
 
 from niels_gpt_contracts.checks import invariants, pr_context
 from niels_gpt_contracts.errors import ConfigError
+from niels_gpt_contracts.mutants import proof
 from niels_gpt_contracts.mutants.launcher import TestEnv
 from niels_gpt_contracts.mutants.runner import (
     Cache,
     Options,
+    Work,
     execute,
     first_party,
     plan_stage,
-    plugin_source,
     preload_modules,
 )
 from niels_gpt_contracts.result import BROKEN, KEPT, NOT_RUN, Outcome, Violation
@@ -87,10 +88,11 @@ def judge(
     claims = invariants.scan_claims(ctx.head_tree, head_tests)
     claims += invariants.scan_claims(ctx.base_tree, accept)
     tests = sorted({c.path for c in claims if c.id and c.id.startswith(f"{stage}.")})
-    head_src = sorted(
-        f for f in ctx.head_tree.files() if "/src/" in f and f.startswith("packages/")
-    )
-    code = [f"{f}\n{ctx.head_tree.read(f) or ''}" for f in head_src]
+    head = root / "head"
+    code = {
+        f.relative_to(head).as_posix(): f.read_text("utf-8", "surrogateescape")
+        for f in sorted(head.rglob("*.py"))
+    }
 
     def read(path: str) -> str | None:
         target = weak / path
@@ -99,23 +101,24 @@ def judge(
     base_survivors = {v.message.split(":", 1)[0] for v in mutants_row.violations}
     say(f"weakened tests: {len(changed)} changed file(s); {len(spec.mutants)} mutants of {stage}")
     try:
-        one, keys = plan_stage(
-            spec, ctx.base_tree.read(spec.path), tests, read, (), [plugin_source(), *config, *code]
-        )
+        one = plan_stage(spec, ctx.base_tree.read(spec.path), tests, read, skip_retarget=True)
+        texts = {t: read(t) or "" for t in tests}
+        checker = [*config, *proof.checker_files()]
+        keys = proof.ProofKeys(code, texts, checker, proof.environment(box.site_paths()))
         env = TestEnv(
             python=box.python,
             rootdir=weak,
             config=weak / "pyproject.toml",
-            sources=root / "head",
+            sources=head,
             environ=lambda overlay: box.environ(
-                [*([overlay] if overlay else []), *workspace.src_roots(root / "head")]
+                [*([overlay] if overlay else []), *workspace.src_roots(head)]
             ),
             plugins=tuple(a for plugin in PLUGINS for a in ("-p", plugin)),
             track=processes.tracked,
         )
-        texts = [read(t) or "" for t in tests]
-        preload = preload_modules(texts, first_party(ctx.head_tree.files()))
-        result = execute([one], keys, preload, env, cache, Options(repo=ctx.repo.root, jobs=jobs))
+        preload = preload_modules(list(texts.values()), first_party(ctx.head_tree.files()))
+        opts = Options(repo=ctx.repo.root, jobs=jobs, progress=say)
+        result = execute(Work([one], keys, {}, preload), env, cache, opts)
     except ConfigError as err:
         found = [Violation("tests.weakened", changed[0], None, str(err), stage, CHECK)]
         return Outcome(stage, CHECK, BROKEN, "the PR's suite does not run clean", found)

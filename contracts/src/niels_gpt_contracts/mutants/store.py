@@ -1,0 +1,82 @@
+"""Proven kills, kept between runs: ``{"version", "kills": {name: entry}}`` in one JSON file.
+
+An entry is ``{"key", "reason", "test"}``: the proof key the kill was proven
+under (``proof``), why it died, and the test that killed it (a hint for the
+next run, whatever its key). A kill is believed only under the same key.
+
+The store is read once, when made (the PR verdict makes it before any of the
+PR's code runs, so nothing that code writes is believed). ``record`` writes
+under a file lock: it re-reads the file, lays this run's kills over it
+(another run sharing the cache may have written since), drops the entries
+this run found not killed under the same key, and renames a private
+temporary file into place, so concurrent runs never see half a file nor lose
+each other's kills.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from filelock import FileLock
+
+from niels_gpt_contracts.mutants.hints import killing_test
+
+if TYPE_CHECKING:
+    from niels_gpt_contracts.mutants.runner import Verdict
+
+STORE_VERSION = 2
+
+
+class Cache:
+    def __init__(self, path: Path, enabled: bool) -> None:
+        self.path = path
+        self.enabled = enabled
+        self.entries = _read(path)
+
+    def kill(self, name: str, key: str) -> str | None:
+        """The reason of a kill proven under ``key``, or None."""
+        entry = self.entries.get(name)
+        if self.enabled and entry and entry.get("key") == key:
+            return entry.get("reason", "")
+        return None
+
+    def hint(self, name: str) -> str | None:
+        """The test that killed ``name`` last, under any key."""
+        test = self.entries.get(name, {}).get("test")
+        return test or None
+
+    def record(self, verdicts: Sequence[Verdict], keys: Mapping[str, str]) -> None:
+        new = {v.mutant.name: v for v in verdicts if not v.cached and v.mutant.name in keys}
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(self.path.with_name(self.path.name + ".lock")):
+            entries = _read(self.path)
+            for name, v in new.items():
+                if v.status == "killed":
+                    entry = {"key": keys[name], "reason": v.reason}
+                    test = killing_test(v.reason) or entries.get(name, {}).get("test")
+                    entries[name] = {**entry, "test": test} if test else entry
+                elif entries.get(name, {}).get("key") == keys[name]:
+                    entries.pop(name)
+            payload = {"version": STORE_VERSION, "kills": dict(sorted(entries.items()))}
+            fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent)
+            with os.fdopen(fd, "w", encoding="utf-8") as out:
+                out.write(json.dumps(payload, indent=1) + "\n")
+            os.replace(tmp, self.path)
+        self.entries = entries
+
+
+def _read(path: Path) -> dict[str, dict[str, str]]:
+    if path.is_file():
+        with contextlib.suppress(ValueError, OSError):
+            data = json.loads(path.read_text(encoding="utf-8"))
+            if isinstance(data, dict) and data.get("version") == STORE_VERSION:
+                kills = data.get("kills", {})
+                if isinstance(kills, dict):
+                    return {k: v for k, v in kills.items() if isinstance(v, dict)}
+    return {}

@@ -1,0 +1,55 @@
+"""The verdict's workspace: trees written out of git objects into folders.
+
+``head`` holds the head's stage modules, ``base`` the base's (collection and
+skip re-runs), ``ref`` the reference tests with the base's root
+``conftest.py`` and pytest settings, ``pr`` the PR's own tests with the same
+trusted configuration, ``drivers`` the base's runtime-rule drivers. Only the
+modules the base's specs give the stages are written (see ``write_workspace``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from niels_gpt_contracts.checks import pr_context
+from niels_gpt_contracts.errors import ConfigError
+from niels_gpt_contracts.sandbox import workspace
+from niels_gpt_contracts.verdict import plan
+
+
+@dataclass
+class Workspace:
+    root: Path
+    head: Path  # the head's packages/*/src
+    base: Path  # the base's packages/*/src (skip re-runs, collection)
+    ref: Path  # reference tests + base conftest.py and pyproject.toml
+    pr: Path  # the PR's own test files + the same trusted conftest and config
+    drivers: Path  # the base's specs/<stage>/ runtime drivers
+
+    def watched(self) -> list[str]:
+        return [str(p) for p in (self.head, self.base, self.ref, self.pr, self.drivers)]
+
+
+def write_workspace(ctx: pr_context.PrContext, p: plan.Plan, root: Path) -> Workspace:
+    w = Workspace(root, root / "head", root / "base", root / "ref", root / "pr", root / "drivers")
+    head_files, base_files = ctx.head_tree.files(), ctx.base_tree.files()
+    # Only the modules the base's specs give each stage are written: a file at
+    # another stage's path, an unlisted helper, a .pth or a planted .pyc never
+    # reaches an interpreter (the modules check names them).
+    owned = {f for s in ctx.specs.values() for f in s.module_files}
+    workspace.write(ctx.head_tree, [f for f in head_files if f in owned], w.head)
+    workspace.write(ctx.base_tree, [f for f in base_files if f in owned], w.base)
+    workspace.write(ctx.base_tree, p.reference_from_base, w.ref)
+    workspace.write(ctx.head_tree, p.reference_from_head, w.ref)
+    workspace.write(ctx.head_tree, p.pr_support, w.pr)
+    drivers = [f for s in p.closure for f in base_files if f.startswith(f"specs/{s.id}/")]
+    workspace.write(ctx.base_tree, [f for f in drivers if "/tests/" not in f], w.drivers)
+    for name in ("conftest.py", "pyproject.toml"):
+        text = ctx.base_tree.read(name)
+        for where in (w.ref, w.pr):
+            if text is not None:
+                workspace.write_text(where, name, text)
+    if ctx.base_tree.read("pyproject.toml") is None:
+        raise ConfigError("expected the base's root pyproject.toml (pytest settings), found none")
+    return w
