@@ -34,6 +34,7 @@ SANDBOX_ONLY = (
     "_oracle_worker",
     "pytest_plugin",
     "collection",  # the pytest plugin's helper
+    "ops_plugin",  # records the ops of tests = true runtime rules in the sandbox's pytest
 )
 
 
