@@ -47,7 +47,8 @@ def _fake_env(cache: Path) -> Path:
 
 
 def _verdict(repo: PrRepo) -> tuple[int, dict[str, object], str]:
-    """``contracts pr`` with the cache's environment (no ``--python``)."""
+    """``contracts pr`` with the cache's environment (no ``--python``), ``--full``: the
+    planting PR is BROKEN from its source already, and its code must still run."""
     import contextlib
     import io
     import json
@@ -56,7 +57,8 @@ def _verdict(repo: PrRepo) -> tuple[int, dict[str, object], str]:
 
     out, err = io.StringIO(), io.StringIO()
     args = ["pr", "--repo", str(repo.root), "--base", "main", "--head", "HEAD", "--cache-dir",
-            str(repo.cache), "--jobs", "1", "--format", "json", "--skip-mutants"]  # fmt: skip
+            str(repo.cache), "--jobs", "1", "--format", "json", "--skip-mutants",
+            "--full"]  # fmt: skip
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = main(args)
     return code, json.loads(out.getvalue() or "{}"), err.getvalue()
