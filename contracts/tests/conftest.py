@@ -16,6 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gatekit import Repo, make_repo
 from prkit import PrRepo, make_pr_repo
+from realkit import RealRepo, add_stage, make_real_repo
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -59,4 +60,39 @@ def pr_repo(pr_template: Path, tmp_path: Path) -> PrRepo:
     shutil.copytree(pr_template, dest, symlinks=True)
     r = PrRepo(dest, tmp_path / "cache")
     r.branch("pr")
+    return r
+
+
+@pytest.fixture(scope="session")
+def real_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("real-template") / "repo"
+    make_real_repo(root)
+    return root
+
+
+@pytest.fixture
+def real_repo(real_template: Path, tmp_path: Path) -> RealRepo:
+    """A fresh copy of the real-stage scenario repository, on a PR branch ``pr``."""
+    dest = tmp_path / "repo"
+    shutil.copytree(real_template, dest, symlinks=True)
+    r = RealRepo(dest, tmp_path / "cache")
+    r.branch("pr")
+    return r
+
+
+@pytest.fixture(scope="session")
+def first_pr_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("first-pr-template") / "repo"
+    make_real_repo(root, present=("core", "rope"))
+    return root
+
+
+@pytest.fixture
+def first_pr_repo(first_pr_template: Path, tmp_path: Path) -> RealRepo:
+    """Only core and rope built; attention's PR adds its package (the first PR)."""
+    dest = tmp_path / "repo"
+    shutil.copytree(first_pr_template, dest, symlinks=True)
+    r = RealRepo(dest, tmp_path / "cache")
+    r.branch("pr")
+    add_stage(r, "attention")
     return r

@@ -313,6 +313,21 @@ def test_classify_reads_levels_from_data_not_text() -> None:
     )
 
 
+def test_an_oracle_added_is_additive_and_one_taken_away_breaking() -> None:
+    driver = {"driver": "specs/s/s_oracle.py:calls"}
+    ref = {**driver, "references": {"m": "specs/s/s_ref.py"}, "reference_calls": ["v2/*"]}
+    assert worst(classify({}, {"oracle": driver})) == "ADDITIVE"
+    assert worst(classify({"oracle": driver}, {"oracle": ref})) == "ADDITIVE"
+    assert worst(classify({"oracle": ref}, {"oracle": driver})) == "BREAKING"
+    assert worst(classify({"oracle": driver}, {})) == "BREAKING"
+    moved = {"driver": "specs/s/other.py:calls"}
+    assert worst(classify({"oracle": driver}, {"oracle": moved})) == "BREAKING"
+    assert classify({"oracle": ref}, {"oracle": dict(ref)}) == []
+    rule = {"id": "r", "kind": "forbidden_ops", "driver": "specs/s/d.py:f", "ops": ["aten::x"]}
+    assert worst(classify({"rules": [rule]}, {"rules": [{**rule, "tests": True}]})) == "ADDITIVE"
+    assert worst(classify({"rules": [{**rule, "tests": True}]}, {"rules": [rule]})) == "BREAKING"
+
+
 def test_evidence_compares_definitions_not_bytes() -> None:
     base = 'X = 1\n\n\ndef test_a():\n    """Doc."""\n    assert X == 1\n'
     reflowed = 'X = 1\n\n\ndef test_a():\n    """Doc,\n    reflowed."""\n    assert X == 1  # hm\n'

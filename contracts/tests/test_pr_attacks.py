@@ -15,6 +15,8 @@ from __future__ import annotations
 import pytest
 from prkit import PrRepo, findings, rules_of
 
+from niels_gpt_contracts.sandbox import confine
+
 MIXER = "packages/mixer/src/ngt/model/mixer.py"
 MIXER_TEST = "packages/mixer/tests/test_mixer.py"
 ATTN = "packages/attention/src/ngt/model/attention.py"
@@ -167,8 +169,17 @@ def test_a_pytest11_entry_point_is_named_and_never_installed(pr_repo: PrRepo) ->
     assert _failed_tests(out)
 
 
-def test_code_that_rewrites_the_reference_tests_is_caught(pr_repo: PrRepo) -> None:
-    """The PR's module, when imported, rewrites the workspace's reference tests."""
+@pytest.mark.parametrize("confined", [True, False], ids=["confined", "not-confined"])
+def test_code_that_rewrites_the_reference_tests_is_caught(
+    pr_repo: PrRepo, confined: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The PR's module, when imported, rewrites the workspace's reference tests.
+
+    Confined (read-only mounts, where the machine allows them) the write fails;
+    otherwise the guard finds it afterwards.
+    """
+    if not confined:
+        monkeypatch.setattr(confine, "confined", lambda box, paths: (box, "not confined: test"))
     _broken(pr_repo)
     pr_repo.replace(
         MIXER,
@@ -178,10 +189,14 @@ def test_code_that_rewrites_the_reference_tests_is_caught(pr_repo: PrRepo) -> No
         "    _f.write_text('def test_nothing():\\n    pass\\n')\n",
     )
     pr_repo.pr("mixer")
-    code, out, _ = pr_repo.verdict("--full")
+    code, out, err = pr_repo.verdict("--full")
     assert code == 1
-    assert "sandbox.tampered" in rules_of(out)
     assert ("source.import", MIXER) in findings(out)
+    if confined and "(confined (" in err:  # the machine allows mount namespaces
+        assert "Read-only file system" in str(out["violations"])
+        assert "sandbox.tampered" not in rules_of(out)
+    else:
+        assert "sandbox.tampered" in rules_of(out)
 
 
 # --- code placed or reached where the name rules do not look -------------------------

@@ -14,7 +14,10 @@ from niels_gpt_contracts.verdict import pipeline
 from niels_gpt_contracts.verdict.pr import PrRequest, phases
 
 MIXER = "packages/mixer/src/ngt/model/mixer.py"
-PHASES = ["static", "environment", "api", "runtime:cpu", "tests:cpu", "mutants", "sandbox"]
+PHASES = [
+    "static", "environment", "api", "names", "runtime:cpu", "oracle:cpu", "tests:cpu",
+    "mutants", "weakened", "sandbox",
+]  # fmt: skip
 
 
 def _statuses(out: dict[str, object]) -> dict[str, str]:

@@ -194,6 +194,13 @@ def _add_pr_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
         action="store_true",
         help="leave the mutants out (NOT RUN): for a device job beside a full verdict on cpu",
     )
+    pr.add_argument(
+        "--oracle-seed",
+        type=lambda text: int(text, 0),
+        default=None,
+        metavar="N",
+        help="replay the oracle with the seed a verdict printed (default: a fresh secret one)",
+    )
     pr.add_argument("--format", choices=sorted(FORMATS), default="text")
     _add_output_and_repo(pr)
 
@@ -341,6 +348,7 @@ def _main_pr(args: argparse.Namespace) -> int:
         jobs=args.jobs,
         timeout=args.timeout,
         mutants=not args.skip_mutants,
+        oracle_seed=args.oracle_seed,
         full=args.full,
     )
     return _judged(lambda: pr_verdict.run(request, _progress), render, render_error, args)

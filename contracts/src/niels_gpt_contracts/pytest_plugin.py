@@ -51,6 +51,7 @@ if TYPE_CHECKING:
 
 DEVICES = ("cpu", "mps", "cuda")
 _PROPERTY = "niels_gpt_invariants"
+_OPS = "niels_gpt_ops"
 _OUTCOMES = ("passed", "failed", "skipped")
 
 
@@ -219,6 +220,9 @@ class InvariantReport:
                 "key": self.keys.get(stage, "") if stage else "",
             },
         )
+        ops = next((v for k, v in report.user_properties if k == _OPS), None)
+        if isinstance(ops, list):  # ops_plugin's --record-ops
+            entry["ops"] = [str(o) for o in ops]
         if entry["outcome"] == "failed":
             return  # a failure in any phase stands
         if outcome == "failed" or (outcome == "skipped" and entry["outcome"] == "passed"):

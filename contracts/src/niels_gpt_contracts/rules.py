@@ -112,6 +112,24 @@ RULES: dict[str, RuleDoc] = {
         "internals) hides what runs from every static check.",
         "Write the code out so that it reads as what it does.",
     ),
+    "source.name": RuleDoc(
+        "A stage module uses a name that is, or reaches, something it may not.",
+        "Imported names and attribute chains are checked for what they are, resolved in "
+        "an interpreter that imports no code of the PR: a module object such as os, sys, "
+        "subprocess or importlib, a function that runs programs or loads code "
+        "(torch.utils.collect_env.run), one that changes torch's global state (global "
+        "module hooks, seeds, default dtype), or a name another stage's module does not "
+        "define or export, whichever allowed module the name is taken from.",
+        "Compute with torch's tensor API and the stages' exported names only.",
+    ),
+    "source.foreign-write": RuleDoc(
+        "A stage module writes to something it does not own.",
+        "Assigning or deleting an attribute or item of another stage's, torch's or "
+        "pytest's modules, classes or functions (directly, through an alias, through "
+        "type(x) or x.__class__, or with setattr/delattr), or replacing a module's forward, "
+        "changes what other code computes behind its back.",
+        "Subclass, wrap or pass values instead; change another stage in that stage's PR.",
+    ),
     "api.missing": RuleDoc(
         "A public object the spec lists cannot be imported.",
         "Each object in the stage spec's API must import from its listed module path, in "
@@ -212,6 +230,16 @@ RULES: dict[str, RuleDoc] = {
         "A collection error, a time limit or a missing report leaves unknown what the run "
         "would have proved, so nothing in it counts as passed.",
         "Fix the error the message shows and run again.",
+    ),
+    "tests.weakened": RuleDoc(
+        "The PR leaves its stage a weaker test suite than it found.",
+        "The reference tests judge a PR with the base's versions of the tests it changed, "
+        "so a loosened, skipped or deleted test hides nothing in this PR; but the next PR "
+        "inherits this one's versions. The stage's catalogued mutants are run against the "
+        "suite the PR leaves (its test files plus the acceptance tests): a mutant the "
+        "base's suite kills and this one does not means a test lost its teeth.",
+        "Restore the assertion, tolerance or case the change removed, or strengthen a "
+        "test until it kills the mutant again.",
     ),
     "device.failed": RuleDoc(
         "A test proving an invariant failed on a device.",
@@ -317,6 +345,32 @@ RULES: dict[str, RuleDoc] = {
         "before the PR's code runs and checked after; a change means the PR's code "
         "reached what judges it, and the verdict cannot stand.",
         "Find what in the PR writes outside its own files, and remove it.",
+    ),
+    "oracle.differs": RuleDoc(
+        "The PR's code answers an oracle call unlike the base's code.",
+        "The checker drives each closure stage's public API with inputs drawn from a "
+        "secret per-verdict seed over the spec's whole domain, in a plain Python process "
+        "that looks like a user's, and compares the tensors with the same calls on the "
+        "base's code (or the spec's float64 reference) within dtype-derived bounds. A "
+        "difference beyond the bound, another exception type or other outputs is a "
+        "change of behaviour that no test has to catch.",
+        "Reproduce it with the call and inputs the message names (contracts pr "
+        "--oracle-seed N replays the seed); make the code compute what the base's does.",
+    ),
+    "oracle.invariant": RuleDoc(
+        "An invariant the oracle checks does not hold on the PR's code.",
+        "Where no second implementation can stand in (dropout in training), the oracle's "
+        "driver checks the spec's invariants between calls: later tokens never change "
+        "earlier outputs, rows of a batch are independent, a padded row equals the row "
+        "alone, a cached call equals the uncached one, probabilities are causal.",
+        "Reproduce the two calls the message names and make the invariant hold.",
+    ),
+    "oracle.error": RuleDoc(
+        "The oracle could not get an answer from the PR's code.",
+        "The PR's worker must import every stage of the tree and run every driver to its "
+        "end; a crash, a time-out or an unreadable answer is not evidence that the code "
+        "is right, so it counts against the PR.",
+        "Read the error in the message; import the stage as a user would and run the call.",
     ),
 }
 

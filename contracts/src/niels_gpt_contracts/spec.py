@@ -121,6 +121,23 @@ class Rule:
 
 
 @dataclass(frozen=True)
+class OracleSpec:
+    """The stage's differential oracle (``[oracle]``): driver, float64 references."""
+
+    driver: str  # specs/<stage>/<file>.py:<function>
+    references: Mapping[str, str] = field(default_factory=dict)  # module -> specs/<stage>/x.py
+    reference_calls: tuple[str, ...] = ()
+
+    @property
+    def driver_file(self) -> str:
+        return self.driver.partition(":")[0]
+
+    @property
+    def function(self) -> str:
+        return self.driver.partition(":")[2]
+
+
+@dataclass(frozen=True)
 class Invariant:
     id: str
     text: str
@@ -146,6 +163,7 @@ class Spec:
     rules: tuple[Rule, ...]
     invariants: tuple[Invariant, ...]
     mutants: tuple[Mapping[str, Any], ...]
+    oracle: OracleSpec | None
     may_match: pathspec.GitIgnoreSpec = field(compare=False, repr=False)
     must_not_match: pathspec.GitIgnoreSpec = field(compare=False, repr=False)
 
@@ -302,6 +320,15 @@ def parse_spec(path: str, text: str, schema: Mapping[str, Any]) -> Spec:
                 f"expected a driver under {SPECS_DIR}/{data['id']}/ (maintainer-owned), "
                 f"found {driver!r}",
             )
+    oracle = data.get("oracle")
+    own = f"{SPECS_DIR}/{data['id']}/"
+    if oracle is not None:
+        files: list[tuple[KeyPath, str]] = [(("oracle", "driver"), oracle["driver"])]
+        refs = oracle.get("references", {})
+        files += [(("oracle", "references", m), f) for m, f in refs.items()]
+        for where, target in files:
+            if not target.startswith(own):
+                fail(where, f"expected a file under {own} (maintainer-owned), found {target!r}")
     for i, scope in enumerate(data["paths"].get("line_scoped", [])):
         problem = _pattern_problem(scope["paths"])
         if problem:
@@ -360,6 +387,13 @@ def parse_spec(path: str, text: str, schema: Mapping[str, Any]) -> Spec:
             for i, v in enumerate(data["invariants"])
         ),
         mutants=tuple(data.get("mutants", [])),
+        oracle=None
+        if oracle is None
+        else OracleSpec(
+            oracle["driver"],
+            dict(oracle.get("references", {})),
+            tuple(oracle.get("reference_calls", [])),
+        ),
         may_match=compile_patterns(p["may_change"]),
         must_not_match=compile_patterns(p.get("must_not_change", [])),
     )

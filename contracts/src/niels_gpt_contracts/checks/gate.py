@@ -25,6 +25,7 @@ from niels_gpt_contracts.checks import (
     devices,
     invariants,
     modules,
+    name_rules,
     paths,
     pr_context,
     source,
@@ -67,7 +68,9 @@ def stage_checks(
     claims: list[invariants.Claim],
     api_found: Mapping[str, list[Violation]] | None,
     changed_lines: Mapping[str, set[int]] | None,
+    interpreter: name_rules.Interpreter | None = None,
 ) -> None:
+    """The per-stage rows; ``interpreter`` resolves library names (``source.name``)."""
     if api_found is not None:
         result.outcomes.append(
             _outcome(spec.id, "api", api_found.get(spec.id, []), f"{len(spec.api)} objects match")
@@ -76,7 +79,9 @@ def stage_checks(
     result.outcomes.append(
         _outcome(spec.id, "modules", owned, f"owns exactly {len(spec.modules)} module(s)")
     )
-    src = source.check_source(spec, tree.read_many(spec.module_files), modules.namespaces(specs))
+    shared = modules.namespaces(specs)
+    src = source.check_source(spec, tree.read_many(spec.module_files), shared)
+    src += name_rules.check_names(spec, specs, tree, shared, interpreter)
     result.outcomes.append(_outcome(spec.id, "source", src, "source readable"))
     stat = static.check_static(spec, tree, changed_lines)
     n_static = sum(not r.runtime for r in spec.rules)
@@ -144,7 +149,8 @@ def run_tree(request: Request) -> Result:
             why = f"pending: {spec.package} does not exist yet; its first PR adds it"
             result.outcomes.append(Outcome(spec.id, "stage", NOT_RUN, why))
             continue
-        stage_checks(result, spec, specs, tree, claims, api_found, None)
+        names_in = (sys.executable, None) if request.api else None
+        stage_checks(result, spec, specs, tree, claims, api_found, None, names_in)
         _device_rows(result, spec, reports, request.require_devices, current, absent)
     for device in absent:
         why = f"no report for {device}: its tests have not run here (nox -s test-{device})"
@@ -168,7 +174,10 @@ def run_pr(request: Request) -> Result:
     python = request.python or sys.executable
     api_found = api.check_api([ctx.spec], ctx.head_tree, python) if request.api else None
     claims = invariants.scan_claims(ctx.head_tree)
-    stage_checks(result, ctx.spec, ctx.specs, ctx.head_tree, claims, api_found, ctx.changed_lines)
+    names_in = (sys.executable, None) if request.api else None
+    stage_checks(
+        result, ctx.spec, ctx.specs, ctx.head_tree, claims, api_found, ctx.changed_lines, names_in
+    )
     current = fingerprint.tree(ctx.repo.root) if reports else None
     _device_rows(result, ctx.spec, reports, request.require_devices, current)
     return result

@@ -53,13 +53,20 @@ ALLOWED_IMPORTS = frozenset(
 # Parts of torch that compile or load native code, or reach its dispatcher.
 DENIED_TORCH = ("torch.utils.cpp_extension", "torch.hub", "torch.library", "torch.ops")
 DYNAMIC_CALLS = frozenset(
-    {"eval", "exec", "compile", "__import__", "globals", "locals", "vars", "open", "breakpoint"}
+    {
+        *("eval", "exec", "compile", "__import__", "globals", "locals", "vars", "open"),
+        *("breakpoint", "input", "exit", "quit", "help"),
+    }
 )
 NAME_CALLS = frozenset({"getattr", "setattr", "delattr", "hasattr"})
 ALLOWED_DUNDERS = frozenset(
     {"__init__", "__class__", "__name__", "__qualname__", "__doc__", "__module__"}
 )
-DENIED_NAMES = frozenset({"__builtins__", "__loader__", "__spec__", "__import__"})
+# Where the module was loaded from is how code tells a test run from a user's:
+# __file__ and its kin are not for stage modules either.
+DENIED_NAMES = frozenset(
+    {"__builtins__", "__loader__", "__spec__", "__import__", "__file__", "__path__", "__cached__"}
+)
 # Attributes that load or write code or data, reach the dispatcher, or bypass
 # nn.Module's call path; whatever object they hang on.
 DENIED_ATTRIBUTES = frozenset(
@@ -78,6 +85,10 @@ DENIED_ATTRIBUTES = frozenset(
         "filters",
         "_call_impl",
         "_wrapped_call_impl",
+        # frames, tracebacks, generators and code: the way up to the caller's globals
+        *("f_back", "f_globals", "f_locals", "f_builtins", "f_code", "tb_frame", "tb_next"),
+        *("gi_frame", "gi_code", "cr_frame", "cr_code", "ag_frame", "ag_code"),
+        *("co_code", "co_consts", "co_names", "func_globals"),
     }
 )
 # Methods whose definition changes what calling or reading an object does.

@@ -11,7 +11,8 @@ Each difference is a ``Change`` of one of three levels:
 - ``ADDITIVE``: new keyword-only parameters with defaults, new exports,
   objects, methods and fields, new invariants, rules and mutants, tighter
   rules, a narrower ``may_change``, a wider ``must_not_change``, owned modules
-  added or moved.
+  added or moved, an ``[oracle]`` table, float64 reference or reference call
+  added.
 - ``KEPT``: nothing in the contract moves: a title, a seed, a rule's message,
   a re-targeted mutant patch (same id and bug), comments (TOML comments never
   reach the parsed data).
@@ -138,7 +139,7 @@ def _rule(rid: str, base: Mapping[str, Any], head: Mapping[str, Any]) -> list[Ch
             out += _sets(b or [], h or [], f"{where} {key}", "ADDITIVE", "BREAKING")
         elif key == "allowed":  # dependencies: more allowed is looser
             out += _sets(b or [], h or [], f"{where} {key}", "BREAKING", "ADDITIVE")
-        elif key in ("casts", "follow_local_calls"):
+        elif key in ("casts", "follow_local_calls", "tests"):  # switched on: stricter
             out.append(Change("ADDITIVE" if h and not b else "BREAKING", f"{where}: {key} {h}"))
         else:  # driver, module, function, pyproject: what the rule is about moved
             out.append(Change("BREAKING", f"{where}: {key} changed"))
@@ -202,6 +203,32 @@ def _paths(base: Mapping[str, Any], head: Mapping[str, Any]) -> list[Change]:
     return out
 
 
+def _oracle(base: Mapping[str, Any] | None, head: Mapping[str, Any] | None) -> list[Change]:
+    """The ``[oracle]`` table: an oracle, a reference or a reference call added is more
+    evidence (ADDITIVE); one removed, or the driver or a reference moved, is BREAKING."""
+    if base == head:
+        return []
+    if base is None:
+        return [Change("ADDITIVE", "oracle added")]
+    if head is None:
+        return [Change("BREAKING", "oracle removed")]
+    out: list[Change] = []
+    if base.get("driver") != head.get("driver"):
+        out.append(Change("BREAKING", "oracle driver changed"))
+    br, hr = dict(base.get("references", {})), dict(head.get("references", {}))
+    out += _sets(br, hr, "oracle reference", "ADDITIVE", "BREAKING")
+    moved = sorted(m for m in set(br) & set(hr) if br[m] != hr[m])
+    out += [Change("BREAKING", f"oracle reference {m} moved") for m in moved]
+    out += _sets(
+        base.get("reference_calls", []),
+        head.get("reference_calls", []),
+        "oracle reference_calls",
+        "ADDITIVE",
+        "BREAKING",
+    )
+    return out
+
+
 def classify(base: Mapping[str, Any], head: Mapping[str, Any]) -> list[Change]:
     """Every contract difference between two parsed, valid specs of one stage."""
     out: list[Change] = []
@@ -232,8 +259,9 @@ def classify(base: Mapping[str, Any], head: Mapping[str, Any]) -> list[Change]:
     out += _keyed(
         "mutant", _by_id(base.get("mutants", [])), _by_id(head.get("mutants", [])), _mutant
     )
+    out += _oracle(base.get("oracle"), head.get("oracle"))
     known = {"schema_version", "version", "id", "package", "distribution", "title", "seed"}
-    known |= {"depends_on", "modules", "paths", "api", "rules", "invariants", "mutants"}
+    known |= {"depends_on", "modules", "paths", "api", "rules", "invariants", "mutants", "oracle"}
     for key in sorted((set(base) | set(head)) - known):
         if base.get(key) != head.get(key):
             out.append(Change("BREAKING", f"{key} changed"))

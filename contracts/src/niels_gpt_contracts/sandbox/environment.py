@@ -59,6 +59,7 @@ class Sandbox:
     home: Path
     names: tuple[str, ...]  # the stages' top-level packages, e.g. ("niels_gpt",)
     threads: int = 1
+    readonly: Path | None = None  # confine.py's list of read-only paths, when confined
 
     @classmethod
     def prepare(cls, python: str, scratch: Path, names: Iterable[str], threads: int) -> Sandbox:
@@ -99,6 +100,20 @@ class Sandbox:
         )
         env.update(extra or {})
         return env
+
+    def trusted_paths(self) -> list[str]:
+        """What the PR's code must not change: the import path (``site_paths``), the
+        environment's whole folder (interpreter, ``pyvenv.cfg``) and the real
+        interpreter's folder."""
+        env_root = Path(self.python).parent.parent
+        real_bin = Path(os.path.realpath(self.python)).parent
+        roots = [*self.site_paths(), *(str(p) for p in (env_root, real_bin) if p.is_dir())]
+        # A folder inside another is scanned once, as part of the outer one.
+        return [
+            r
+            for r in dict.fromkeys(roots)
+            if not any(o != r and r.startswith(o.rstrip("/") + "/") for o in roots)
+        ]
 
     def site_paths(self) -> list[str]:
         """The interpreter's import path outside the bootstrap (site-packages, stdlib).

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 PR_SET_CHILD_SUBREAPER = 36
+PR_SET_DUMPABLE = 4
 _active: set[int] = set()
 _lock = threading.Lock()
 
@@ -41,11 +42,17 @@ class Finished:
 
 
 def become_subreaper() -> bool:
-    """Adopt orphaned descendants (Linux only); whether it took effect."""
+    """Adopt orphaned descendants (Linux only); whether it took effect.
+
+    The checker also makes itself non-dumpable: other processes of its user
+    (the PR's code, when it cannot be confined) may not trace it or open its
+    memory and descriptors through /proc.
+    """
     if not sys.platform.startswith("linux"):
         return False
     try:
         libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
         return int(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
     except (OSError, AttributeError):
         return False
@@ -96,7 +103,8 @@ def tracked(pid: int) -> Iterator[None]:
             _active.discard(pid)
 
 
-def _kill_group(pid: int) -> None:
+def kill_group(pid: int) -> None:
+    """SIGKILL the process group (session) led by ``pid``, if any is left."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
 
@@ -129,10 +137,10 @@ def run(
             out, err = proc.communicate(stdin, timeout=timeout)
             code: int | None = proc.returncode
         except subprocess.TimeoutExpired:
-            _kill_group(proc.pid)
+            kill_group(proc.pid)
             out, err = proc.communicate()
             code = None
-        _kill_group(proc.pid)
+        kill_group(proc.pid)
     finally:
         with _lock:
             _active.discard(proc.pid)

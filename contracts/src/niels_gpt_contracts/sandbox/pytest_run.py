@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,7 +20,11 @@ from typing import Any
 from niels_gpt_contracts.sandbox import processes
 from niels_gpt_contracts.sandbox.environment import Sandbox
 
-PLUGINS = ("niels_gpt_contracts.pytest_plugin", "_hypothesis_pytestplugin")
+PLUGINS = (
+    "niels_gpt_contracts.pytest_plugin",
+    "niels_gpt_contracts.ops_plugin",
+    "_hypothesis_pytestplugin",
+)
 OUTCOMES = ("passed", "failed", "skipped")
 
 
@@ -31,6 +35,7 @@ class TestOutcome:
     outcome: str
     invariants: tuple[str, ...]
     reason: str
+    ops: tuple[str, ...] = ()  # forbidden ops its call dispatched (--record-ops)
 
 
 @dataclass
@@ -69,8 +74,14 @@ def _parse(raw: str, device: str) -> tuple[dict[str, TestOutcome], list[str], di
         claims = entry.get("invariants", [])
         if not isinstance(claims, list):
             raise ValueError(f"expected a list of invariants for {nodeid!r}")
+        ops = entry.get("ops", [])
+        if not isinstance(ops, list):
+            raise ValueError(f"expected a list of ops for {nodeid!r}")
         tests[str(nodeid)] = TestOutcome(
-            str(entry["outcome"]), tuple(map(str, claims)), str(entry.get("reason", ""))
+            str(entry["outcome"]),
+            tuple(map(str, claims)),
+            str(entry.get("reason", "")),
+            tuple(map(str, ops)),
         )
     return tests, [str(c) for c in collected], counts
 
@@ -87,8 +98,12 @@ def run(
     jobs: int = 1,
     timeout: float = 1800.0,
     collect_only: bool = False,
+    record_ops: Mapping[str, list[str]] | None = None,
 ) -> PytestRun:
-    """Run pytest on ``targets`` (paths or node ids under ``rootdir``) with ``roots`` importable."""
+    """Run pytest on ``targets`` (paths or node ids under ``rootdir``) with ``roots`` importable.
+
+    ``record_ops``: ``{"patterns", "tests"}`` for ``ops_plugin`` (forbidden ops per test).
+    """
     with tempfile.TemporaryDirectory(prefix="contracts-run-") as tmp:
         scratch = Path(tmp)
         report = scratch / "report.json"
@@ -109,6 +124,10 @@ def run(
             "--tb=short",
             "-rfE",
         ]
+        if record_ops:
+            request = scratch / "record-ops.json"
+            request.write_text(json.dumps(dict(record_ops)), encoding="utf-8")
+            args.append(f"--record-ops={request}")
         if collect_only:
             args.append("--collect-only")
         elif jobs > 1:

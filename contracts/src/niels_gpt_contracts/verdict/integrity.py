@@ -26,11 +26,15 @@ from niels_gpt_contracts.sandbox.environment import Snapshot
 # still hashes their files.
 SANDBOX_ONLY = (
     "_probe",
+    "_name_probe",
     "_runtime_probe",
     "_bootstrap_site",
     "zygote",
+    "_oracle_kit",
+    "_oracle_worker",
     "pytest_plugin",
     "collection",  # the pytest plugin's helper
+    "ops_plugin",  # records the ops of tests = true runtime rules in the sandbox's pytest
 )
 
 

@@ -9,18 +9,23 @@ is known, times each phase, and stops at the first BROKEN row unless
    invariant claims (``checks``). Every checker module was imported and is
    hashed first (``integrity``).
 2. ``environment``: the sandbox interpreter (``--python``, or built from the
-   base's ``constraints.txt`` in the cache) and a workspace written out of
-   git objects: the head's sources, the reference tests (``plan``), the PR's
-   own tests, the base's runtime-rule drivers, root ``conftest.py`` and
-   pytest settings. The guard snapshots what the runs must not change.
-3. ``api``: the public API, imported in the sandbox.
-4. per device, ``runtime:<d>`` (the drivers' ATen ops) and ``tests:<d>``
-   (the reference tests, the PR's tests, the ratchet; ``testing``), which
-   also gives the ``device:<d>`` row.
+   base's ``constraints.txt`` in the cache, sealed and verified: ``env_trust``)
+   and a workspace written out of git objects (``files``). The guard
+   snapshots what the runs must not change; where Linux allows, the sandbox
+   interpreter runs behind read-only mounts (``confine``).
+3. ``api``: the public API, imported in the sandbox; ``names``: the stage's
+   library names resolved there (``evidence``).
+4. per device, ``runtime:<d>`` (the drivers' ATen ops), on the CPU
+   ``oracle:cpu`` (the differential oracle, ``evidence``/``oracle``), and
+   ``tests:<d>`` (the reference tests, the PR's tests, the ratchet, the
+   ``tests = true`` runtime rules; ``testing``), which also gives the
+   ``device:<d>`` row.
 5. ``mutants``: every catalogued bug of the closure, killed by the reference
-   tests (``mutation``), stopping at the first survivor unless ``--full``.
+   tests (``mutation``), stopping at the first survivor unless ``--full``;
+   ``weakened``: a PR that changed its stage's tests, measured by the same
+   mutants (``evidence``/``weakened``).
 6. ``sandbox`` (always, once the PR's code ran): the checker's files, the
-   interpreter's import path and the workspace are unchanged.
+   whole sandbox environment and the workspace are unchanged.
 
 The ``Result`` is built in memory from validated data.
 """
@@ -43,10 +48,10 @@ from niels_gpt_contracts.checks.modules import namespaces
 from niels_gpt_contracts.errors import ConfigError
 from niels_gpt_contracts.mutants.runner import Cache
 from niels_gpt_contracts.result import Outcome, Result, Violation
-from niels_gpt_contracts.sandbox import processes, runtime_probe, workspace
-from niels_gpt_contracts.sandbox.environment import Sandbox, build
+from niels_gpt_contracts.sandbox import confine, env_trust, processes, runtime_probe, workspace
+from niels_gpt_contracts.sandbox.environment import Sandbox
 from niels_gpt_contracts.spec import Rule
-from niels_gpt_contracts.verdict import files, integrity, pipeline, plan, runtime, testing
+from niels_gpt_contracts.verdict import evidence, files, integrity, pipeline, plan, runtime, testing
 from niels_gpt_contracts.verdict.files import Workspace
 from niels_gpt_contracts.verdict.mutation import CACHE_NAME, run_mutants
 from niels_gpt_contracts.verdict.pipeline import Phase
@@ -70,6 +75,7 @@ class PrRequest:
     mutants: bool = True
     timeout: float = 1800.0
     full: bool = False
+    oracle_seed: int | None = None  # None: a fresh secret seed (verdict.oracle)
 
 
 @dataclass
@@ -91,6 +97,7 @@ class State:
     box: Sandbox | None = None
     guard: integrity.Guard | None = None
     usable: dict[str, bool] = field(default_factory=dict)
+    mutants_row: Outcome | None = None  # the base suite's kills, for ``weakened``
 
     @property
     def stage(self) -> str:
@@ -145,10 +152,13 @@ def environment_phase(v: State) -> None:
     """The sandbox interpreter and the workspace; the guard's first snapshot."""
     v.w = files.write_workspace(v.ctx, v.plan, v.scratch)
     constraints = v.ctx.base_tree.read("constraints.txt") or ""
-    v.python = v.python_given or build(v.request.cache, constraints, v.say)
-    v.box = Sandbox.prepare(v.python, v.w.root / "sandbox", namespaces(v.ctx.specs), threads=1)
-    v.guard = integrity.Guard.take([*v.box.site_paths(), *v.w.watched(), str(v.box.boot)])
-    v.say(f"sandbox interpreter {v.python}; workspace {v.w.root}")
+    v.python = v.python_given or env_trust.build(v.request.cache, constraints, v.say)
+    box = Sandbox.prepare(v.python, v.w.root / "sandbox", namespaces(v.ctx.specs), threads=1)
+    v.guard = integrity.Guard.take([*box.trusted_paths(), *v.w.watched(), str(box.boot)])
+    # Where Linux allows: every run of the sandbox interpreter behind read-only mounts.
+    watched: list[str | Path] = [*v.guard.roots, v.guard.package, v.request.cache]
+    v.box, confinement = confine.confined(box, [*watched, v.request.repo])
+    v.say(f"sandbox interpreter {v.python} ({confinement}); workspace {v.w.root}")
 
 
 def api_phase(v: State) -> Iterator[Outcome]:
@@ -225,7 +235,8 @@ def mutants_phase(v: State) -> Iterator[Outcome]:
         why = "skipped (--skip-mutants: a device job beside a full verdict)"
         yield Outcome(v.stage, "mutants", "NOT RUN", why)
         return
-    yield run_mutants(v.ctx, v.plan, v.w, v.box, v.request, v.kills, v.say)
+    v.mutants_row = run_mutants(v.ctx, v.plan, v.w, v.box, v.request, v.kills, v.say)
+    yield v.mutants_row
 
 
 def sandbox_phase(v: State) -> Iterator[Outcome]:
@@ -235,7 +246,7 @@ def sandbox_phase(v: State) -> Iterator[Outcome]:
     tampered = v.guard.changes()
     if tampered and v.python_given is None:
         # Never reuse an environment the PR's code may have poisoned.
-        shutil.rmtree(Path(v.python).parent.parent, ignore_errors=True)
+        env_trust.discard(Path(v.python).parent.parent)
     message = "changed while the PR's code ran: the PR's code wrote outside its sandbox"
     found = [
         Violation("sandbox.tampered", p, None, message, v.stage, "sandbox") for p in tampered[:20]
@@ -249,11 +260,15 @@ def phases(request: PrRequest) -> list[Phase]:
         Phase("static", (), static_phase),
         Phase("environment", (), environment_phase),
         Phase("api", ("api",), api_phase),
+        Phase("names", ("names",), evidence.names_phase),
     ]
     for d in request.devices:
         out.append(Phase(f"runtime:{d}", (f"runtime:{d}",), runtime_phase(d)))
+        if d == "cpu":  # the decisive check, dearer than the drivers, cheaper than the tests
+            out.append(Phase("oracle:cpu", ("oracle:cpu",), evidence.oracle_phase))
         out.append(Phase(f"tests:{d}", (f"tests:{d}", f"device:{d}"), tests_phase(d)))
     out.append(Phase("mutants", ("mutants",), mutants_phase))
+    out.append(Phase("weakened", ("weakened",), evidence.weakened_phase))
     out.append(Phase("sandbox", ("sandbox",), sandbox_phase, always=True))
     return out
 

@@ -3,8 +3,10 @@
 The reference run (the base's tests of every closure stage and the
 acceptance tests, over the head's code, in parallel), the collection of the
 same tests on the base's code and, where the PR's code skipped a test, its
-re-run on the base's code (``ratchet``); then the PR's own added or changed
-tests. The collection on the base runs beside the reference run, in a thread:
+re-run on the base's code (``ratchet``); the ops a ``tests = true`` runtime
+rule forbids, recorded in the reference run and judged against the same
+tests on the base's code (``runtime_tests``); then the PR's own added or
+changed tests. The collection on the base runs beside the reference run, in a thread:
 it waits on a child process, and a machine of two cores has a core free
 while the parallel run starts its workers.
 """
@@ -21,7 +23,7 @@ from niels_gpt_contracts.checks import devices
 from niels_gpt_contracts.result import Violation
 from niels_gpt_contracts.sandbox import pytest_run, workspace
 from niels_gpt_contracts.sandbox.environment import Sandbox
-from niels_gpt_contracts.verdict import plan, ratchet
+from niels_gpt_contracts.verdict import plan, ratchet, runtime_tests
 from niels_gpt_contracts.verdict.files import Workspace
 
 Say = Callable[[str], None]
@@ -61,9 +63,10 @@ def tests_on(
     at = ratchet.Where(p.stage.id, f"tests:{device}")
     targets = p.reference_targets
     say(f"reference tests on {device}: {len(targets)} files over the PR's code")
+    ops = runtime_tests.request(p)  # forbidden ops recorded in the stages' own tests
     with ThreadPoolExecutor(max_workers=1) as beside:
         collecting = beside.submit(r.on, r.w.base, targets, device, collect_only=True)
-        ref = r.on(r.w.head, targets, device, jobs=r.jobs)
+        ref = r.on(r.w.head, targets, device, jobs=r.jobs, record_ops=ops)
         base_collect = collecting.result()
     skipped = ratchet.skipped(ref)
     base_skips: list[str] = []
@@ -75,6 +78,9 @@ def tests_on(
         ]
     collected = base_collect.collected or None
     found = ratchet.judge_reference(ref, at, base_skips=base_skips, base_collected=collected)
+    found += runtime_tests.judge(
+        p, ref, lambda ids: r.on(r.w.base, ids, device, record_ops=ops), p.stage.id, at.check
+    )
     runs = [ref]
     if p.pr_tests:
         say(f"the PR's own tests on {device}: {len(p.pr_tests)} files")

@@ -1,0 +1,299 @@
+"""What an oracle driver is handed: draws from the secret seed, and calls (sandbox side).
+
+Imported only inside an oracle worker (``_oracle_worker.py``), never by the
+checker. A driver (``specs/<stage>/<stage>_oracle.py``, maintainer-owned) is a
+function ``calls(o: Oracle) -> None`` that builds the stage's objects through
+its public API, draws weights and inputs with ``o`` and hands every call to
+``o.call``. The kit runs the call, turns what it returned into frames (names,
+dtypes, shapes, raw bytes) and writes them to the worker's pipe; it decides
+nothing. The trusted checker compares the frames with the same calls on the
+base's code (or the spec's float64 reference).
+
+Draws are keyed by ``(seed, stage, tag)``: the head's and the base's workers
+draw the same numbers for the same tag whatever else either of them drew.
+The global torch generator is never seeded: torch seeds it at random in
+every process, so the code under test sees what a user's fresh process
+shows (``torch.initial_seed()`` a random 64-bit number; the tests seed it,
+often to 0). Before each call it is put back to the state it had when the
+stage's driver started, so two calls that must agree under dropout (an
+invariant) draw the same masks; head and base never need the same masks
+(dropout outputs are not compared across implementations).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import hashlib
+import json
+import random
+import struct
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, BinaryIO
+
+import torch
+
+WIDE = (torch.bfloat16, torch.float16)  # sent as float32 (exact): numpy has no bfloat16
+Ref = tuple[str, str, tuple[tuple[int, int, int], ...]]  # (call, output key, slices)
+
+
+def _key(seed: int, *parts: str) -> int:
+    digest = hashlib.sha256("\0".join([str(seed), *parts]).encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
+
+
+class Frames:
+    """Length-prefixed frames on a binary pipe: a JSON header, then raw payloads."""
+
+    def __init__(self, out: BinaryIO) -> None:
+        self.out = out
+
+    def write(self, header: Mapping[str, Any], payloads: Sequence[bytes] = ()) -> None:
+        head = json.dumps(header, separators=(",", ":")).encode()
+        self.out.write(struct.pack(">I", len(head)) + head)
+        for blob in payloads:
+            self.out.write(blob)
+        self.out.flush()
+
+
+def _flatten(
+    value: Any, prefix: str, tensors: dict[str, torch.Tensor], plain: dict[str, Any]
+) -> None:
+    if isinstance(value, torch.Tensor):
+        tensors[prefix or "out"] = value
+    elif isinstance(value, Mapping):
+        for k in sorted(value, key=str):
+            _flatten(value[k], f"{prefix}.{k}" if prefix else str(k), tensors, plain)
+    elif isinstance(value, (tuple, list)):
+        for i, item in enumerate(value):
+            _flatten(item, f"{prefix}.{i}" if prefix else str(i), tensors, plain)
+    elif value is None or isinstance(value, (bool, int, float, str)):
+        plain[prefix or "out"] = value
+    else:
+        plain[prefix or "out"] = f"<{type(value).__name__}>"
+
+
+def _encode(t: torch.Tensor) -> tuple[dict[str, Any], bytes]:
+    t = t.detach().cpu()
+    dtype = str(t.dtype).removeprefix("torch.")
+    wire = t.float() if t.dtype in WIDE else t
+    if wire.dtype == torch.bool:
+        wire = wire.to(torch.uint8)
+    blob = wire.contiguous().numpy().tobytes()
+    wire_dtype = str(wire.dtype).removeprefix("torch.")
+    return {"dtype": dtype, "wire": wire_dtype, "shape": list(t.shape), "nbytes": len(blob)}, blob
+
+
+class Oracle:
+    """The handle a driver gets: ``seed``-keyed draws and ``call``."""
+
+    def __init__(
+        self,
+        stage: str,
+        seed: int,
+        frames: Frames,
+        *,
+        run: Callable[[str], bool],
+        watch: Mapping[str, bool],
+    ) -> None:
+        self.stage = stage
+        self.seed = seed
+        self._frames = frames
+        self._run = run  # whether this worker computes a call of this name
+        self._watch = dict(watch)  # runtime rule id -> also record casts
+        self._index = 0
+        self._name = ""
+        self._rng0 = torch.get_rng_state()  # unseeded, as torch left it
+        self.labels: dict[str, str] = {}  # profiler label -> call name, watched calls only
+        self.profiler: Any = None  # the worker's profiler session, when calls are watched
+
+    # --- draws ---------------------------------------------------------------
+    def rng(self, tag: str) -> random.Random:
+        """A ``random.Random`` for ``tag``: the same numbers on both sides."""
+        return random.Random(_key(self.seed, self.stage, "rng", tag))
+
+    def generator(self, tag: str) -> torch.Generator:
+        """A CPU ``torch.Generator`` for ``tag``."""
+        return torch.Generator().manual_seed(_key(self.seed, self.stage, "gen", tag))
+
+    def randn(self, *shape: int, tag: str, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+        """Standard normal draws of ``shape`` (drawn in float64, then cast)."""
+        g = self.generator(tag)
+        return torch.randn(*shape, generator=g, dtype=torch.float64).to(dtype)  # shape
+
+    def randint(self, high: int, *shape: int, tag: str) -> torch.Tensor:
+        """int64 draws in ``[0, high)`` of ``shape``."""
+        return torch.randint(0, high, shape, generator=self.generator(tag))  # shape, int64
+
+    def load_weights(self, module: torch.nn.Module, tag: str, scale: float | None = None) -> None:
+        """Every entry of ``module.state_dict()`` drawn from ``tag``, set by name (strict).
+
+        2-D and larger weights are N(0, s^2) with ``s = scale`` or ``1/sqrt(fan_in)``;
+        1-D ``*weight`` entries (norm gains) ``1 + 0.1 N(0, 1)``, other 1-D entries
+        (biases) ``0.1 N(0, 1)``. Entries that share storage (tied weights) get the
+        value drawn for the first of their names in sorted order, so the loading
+        order of either side does not matter.
+        """
+        state = module.state_dict()
+        drawn: dict[str, torch.Tensor] = {}
+        first: dict[tuple[int, int], torch.Tensor] = {}
+        for name in sorted(state):
+            ref = state[name]
+            if not ref.is_floating_point():
+                drawn[name] = ref
+                continue
+            where = (ref.untyped_storage().data_ptr(), ref.storage_offset())
+            if where in first:
+                drawn[name] = first[where]
+                continue
+            z = self.randn(*ref.shape, tag=f"{tag}/{name}")  # ref.shape, float64
+            if ref.dim() >= 2:
+                s = scale if scale is not None else 1.0 / max(1, ref.shape[-1]) ** 0.5
+                value = z * s
+            elif name.endswith("weight"):
+                value = 1.0 + 0.1 * z
+            else:
+                value = 0.1 * z
+            drawn[name] = first[where] = value.to(ref.dtype)
+        module.load_state_dict(drawn, strict=True)
+
+    # --- invariants -----------------------------------------------------------
+    @staticmethod
+    def equal(lhs: Ref, rhs: Ref) -> dict[str, Any]:
+        """Relation: two slices (of this or earlier calls) agree within the tolerance.
+
+        A ``Ref`` is ``(call name, output key, ((dim, start, stop), ...))``.
+        """
+        return {"kind": "equal", "lhs": _ref(lhs), "rhs": _ref(rhs)}
+
+    @staticmethod
+    def zero(ref: Ref) -> dict[str, Any]:
+        """Relation: every value of the slice is exactly zero (padded positions' logits)."""
+        return {"kind": "zero", "lhs": _ref(ref)}
+
+    @staticmethod
+    def upper_zero(ref: Ref) -> dict[str, Any]:
+        """Relation: above the diagonal of the last two dims the slice is exactly zero."""
+        return {"kind": "upper_zero", "lhs": _ref(ref)}
+
+    # --- calls ---------------------------------------------------------------
+    def wants(self, name: str) -> bool:
+        """Whether this worker computes the call ``name`` (skip building its inputs if not)."""
+        return self._run(name)
+
+    def call(
+        self,
+        name: str,
+        fn: Callable[[], Any],
+        *,
+        desc: str,
+        stages: int,
+        reduction: int,
+        rules: Sequence[str] = (),
+        relations: Sequence[Mapping[str, Any]] = (),
+        compare: Sequence[str] | None = None,
+        computes_in: torch.dtype | None = None,
+    ) -> None:
+        """Run ``fn()`` and send what it returned (or the exception it raised).
+
+        ``name`` is unique within the stage; ``desc`` says what the inputs were
+        (shown in a verdict); ``stages`` and ``reduction`` size the dtype-derived
+        tolerance (rounding stages on the way to the outputs, the longest sum);
+        ``rules`` are the runtime rule ids this call falls under (its ATen ops
+        are recorded); ``relations`` are invariants over this and earlier calls
+        (``equal``, ``upper_zero``), checked by the trusted side; ``compare``
+        names the outputs compared across implementations (default: all; train
+        mode with dropout compares only what dropout does not touch);
+        ``computes_in`` is the dtype the arithmetic runs in when it is narrower
+        than an output's (bfloat16 autocast returns float32 probabilities
+        computed from bfloat16 products): the bound then uses its ``eps``.
+        """
+        if not self._run(name):
+            return
+        self._index += 1
+        self._name = name
+        torch.set_rng_state(self._rng0)  # the same dropout draws for every call
+        header: dict[str, Any] = {
+            "kind": "call",
+            "stage": self.stage,
+            "call": name,
+            "desc": desc,
+            "stages": stages,
+            "reduction": reduction,
+            "rules": sorted(set(rules)),
+            "relations": [dict(r) for r in relations],
+            "compare": None if compare is None else list(compare),
+            "computes_in": None if computes_in is None else str(computes_in).removeprefix("torch."),
+            "error": None,
+        }
+        casts: list[str] = []
+        tensors: dict[str, torch.Tensor] = {}
+        plain: dict[str, Any] = {}
+        try:
+            with self._watched(sorted(set(rules) & set(self._watch)), casts):
+                value = fn()
+            _flatten(value, "", tensors, plain)
+        except Exception as err:  # the exception is the call's answer
+            header["error"] = type(err).__name__
+            header["message"] = str(err)[:300]
+        header["casts"] = casts
+        header["values"] = plain
+        specs, blobs = [], []
+        for key, t in tensors.items():
+            spec, blob = _encode(t)
+            specs.append({"key": key, **spec})
+            blobs.append(blob)
+        header["tensors"] = specs
+        self._frames.write(header, blobs)
+
+    @contextlib.contextmanager
+    def _watched(self, rules: list[str], casts: list[str]) -> Iterator[None]:
+        if not rules:
+            yield
+            return
+        label = f"oracle-call#{self.stage}#{self._index}"
+        self.labels[label] = self._name
+        spy = _cast_spy(casts) if any(self._watch[r] for r in rules) else contextlib.nullcontext()
+        cpu = [torch.profiler.ProfilerActivity.CPU]
+        if self.profiler is not None:  # collection is on only inside watched calls
+            self.profiler.toggle_collection_dynamic(True, cpu)
+        try:
+            with torch.profiler.record_function(label), spy:
+                yield
+        finally:
+            if self.profiler is not None:
+                self.profiler.toggle_collection_dynamic(False, cpu)
+
+
+def _cast_spy(casts: list[str]) -> contextlib.AbstractContextManager[Any]:
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class CastSpy(TorchDispatchMode):  # type: ignore[no-untyped-call]
+        def __torch_dispatch__(
+            self, func: Any, types: Any, args: Any = (), kwargs: Any = None
+        ) -> Any:
+            kwargs = kwargs or {}
+            name = func._schema.name
+            if name == "aten::copy_" and len(args) >= 2:
+                dst, src = args[0], args[1]
+                if (dst.dtype, dst.device) != (src.dtype, src.device):
+                    casts.append(f"aten::copy_ {src.dtype} -> {dst.dtype}")
+            elif name == "aten::_to_copy" and args:
+                src = args[0]
+                dtype = kwargs.get("dtype") or src.dtype
+                device = kwargs.get("device") or src.device
+                if (dtype, str(device)) != (src.dtype, str(src.device)):
+                    casts.append(f"aten::_to_copy {src.dtype} -> {dtype}@{device}")
+            return func(*args, **kwargs)
+
+    return CastSpy()  # type: ignore[no-untyped-call]
+
+
+def _ref(ref: Ref) -> list[Any]:
+    call, key, slices = ref
+    return [call, key, [list(s) for s in slices]]
+
+
+def matches(patterns: Sequence[str], name: str) -> bool:
+    """Whether ``name`` matches one of the fnmatch ``patterns``."""
+    return any(fnmatch.fnmatchcase(name, p) for p in patterns)

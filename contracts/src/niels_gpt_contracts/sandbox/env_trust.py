@@ -1,0 +1,124 @@
+"""The sandbox environment is data the checker verifies, before and after each use.
+
+``build`` wraps ``environment.build``: a freshly built environment is sealed
+at once, before any PR's code ran (``<env>.manifest.json`` beside it: every
+file and link of the environment, interpreter and ``pyvenv.cfg`` included,
+with its size, SHA-256 or link target, and its inode, mtime and ctime). Each
+later verdict verifies the environment against its seal before using it:
+``lstat`` first; where anything differs, the contents. A change in content
+means something wrote into the environment since it was built (a verdict
+that died before its guard could look, say): the entry is discarded and
+built again, never used. Restored caches (new inodes and times, same bytes)
+are re-sealed.
+
+During a verdict the guard watches the whole environment (``Sandbox
+.trusted_paths``) and, where ``confine`` works, the PR's code cannot write to
+it at all; a change is ``sandbox.tampered`` and the entry is discarded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from niels_gpt_contracts.sandbox import environment
+
+MANIFEST_VERSION = 1
+
+
+def _entry(path: Path, content: bool) -> dict[str, Any]:
+    st = path.lstat()
+    out: dict[str, Any] = {"stat": [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]}
+    if path.is_symlink():
+        out["link"] = os.readlink(path)
+    elif content:
+        digest = hashlib.sha256()
+        with path.open("rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+        out["sha256"] = digest.hexdigest()
+    return out
+
+
+def _walk(root: Path) -> list[Path]:
+    found: list[Path] = []
+    for folder, dirs, files in os.walk(root):
+        base = Path(folder)
+        found += [base / name for name in files]
+        found += [base / name for name in dirs if (base / name).is_symlink()]
+    return sorted(found)
+
+
+def manifest_path(env_dir: Path) -> Path:
+    return env_dir.parent / f"{env_dir.name}.manifest.json"
+
+
+def seal(env_dir: Path) -> None:
+    """Record every file of ``env_dir`` (contents included) beside it."""
+    files = {str(p.relative_to(env_dir)): _entry(p, True) for p in _walk(env_dir)}
+    payload = {"version": MANIFEST_VERSION, "files": files}
+    target = manifest_path(env_dir)
+    tmp = target.with_name(f"{target.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(payload), encoding="utf-8")
+    os.replace(tmp, target)
+
+
+def verify(env_dir: Path) -> list[str]:
+    """Paths (relative to ``env_dir``) whose content differs from the seal; ``[]`` if none.
+
+    A missing or unreadable seal counts as a difference (``<manifest>``).
+    """
+    try:
+        data = json.loads(manifest_path(env_dir).read_text(encoding="utf-8"))
+        sealed: dict[str, dict[str, Any]] = data["files"]
+        assert data["version"] == MANIFEST_VERSION
+    except (OSError, ValueError, KeyError, TypeError, AssertionError):
+        return ["<manifest>"]
+    now = {str(p.relative_to(env_dir)): p for p in _walk(env_dir)}
+    changed = sorted(set(now) ^ set(sealed))
+    restat = False
+    for rel in sorted(set(now) & set(sealed)):
+        quick = _entry(now[rel], False)
+        if quick["stat"] == sealed[rel]["stat"]:
+            continue
+        restat = True
+        full = _entry(now[rel], True)
+        same = full.get("sha256") == sealed[rel].get("sha256") and full.get("link") == sealed[
+            rel
+        ].get("link")
+        if not same or full["stat"][0] != sealed[rel]["stat"][0]:
+            changed.append(rel)
+    if restat and not changed:
+        seal(env_dir)  # same bytes, new inodes or times (a restored cache)
+    return changed
+
+
+def build(cache: Path, constraints: str, say: Callable[[str], None]) -> str:
+    """``environment.build``, sealed when new and verified when reused; its interpreter."""
+    env_dir = cache / "envs" / environment.fingerprint(constraints)
+    fresh = not (env_dir / "niels-gpt-ready").is_file()
+    python = environment.build(cache, constraints, say)
+    if fresh or not manifest_path(env_dir).is_file():
+        seal(env_dir)
+        return python
+    changed = verify(env_dir)
+    if changed:
+        say(
+            f"the sandbox environment changed since it was sealed ({changed[0]}, "
+            f"{len(changed)} path(s)): discarded and built again"
+        )
+        discard(env_dir)
+        python = environment.build(cache, constraints, say)
+        seal(env_dir)
+    return python
+
+
+def discard(env_dir: Path) -> None:
+    """Remove an environment and its seal."""
+    shutil.rmtree(env_dir, ignore_errors=True)
+    manifest_path(env_dir).unlink(missing_ok=True)

@@ -1,0 +1,332 @@
+"""Start oracle workers and read their answers: tensors, never a verdict.
+
+A worker (``_oracle_worker.py``) is the sandbox interpreter run with ``-I``
+in a user-like environment: the caller's ``PATH``, locale and temporary
+folder, a scratch ``HOME``, ``OMP_WAIT_POLICY=PASSIVE``, and nothing else
+(no pytest or sandbox variable, no thread pin, a random hash seed). The code
+under check is copied into one ``site-packages``-like folder, merged the way
+installed wheels are, so a stage's ``__file__`` looks like a user's install.
+The request, with the secret seed, goes over stdin; answers come back as
+frames on a separate pipe.
+
+Frames are validated here (sizes, dtypes, shapes, byte counts) and turned
+into numpy arrays; anything malformed makes the whole stream unreadable
+(``Stream.problem``), which the caller judges fail-closed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+
+from niels_gpt_contracts.sandbox import confine, processes
+from niels_gpt_contracts.sandbox.environment import PASSED_THROUGH, Sandbox, Snapshot
+
+WORKER = "_oracle_worker.py"
+MAX_HEADER = 1 << 25  # an ops frame lists the ops of every watched call
+MAX_TOTAL = 1 << 30  # bytes of tensors one worker may send
+WIRE = {"float64": 8, "float32": 4, "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1}
+DTYPES = frozenset({*WIRE, "bfloat16", "float16", "bool"})
+KINDS = frozenset({"call", "ops", "driver-error", "fatal", "done"})
+
+
+class Unreadable(ValueError):
+    """A frame that breaks the protocol."""
+
+
+@dataclass(frozen=True)
+class Output:
+    """One tensor a call returned: its dtype as torch named it, and its values."""
+
+    dtype: str
+    data: np.ndarray[Any, Any]
+
+
+@dataclass
+class Call:
+    """One call's answer (see ``_oracle_kit.Oracle.call``)."""
+
+    stage: str
+    name: str
+    desc: str
+    stages: int
+    reduction: int
+    rules: tuple[str, ...]
+    relations: tuple[Mapping[str, Any], ...]
+    compare: tuple[str, ...] | None
+    computes_in: str | None
+    error: str | None
+    message: str
+    values: Mapping[str, Any]
+    casts: tuple[str, ...]
+    outputs: dict[str, Output]
+
+
+@dataclass
+class Stream:
+    """Everything one worker sent, in order, and what went wrong with it."""
+
+    label: str
+    calls: dict[tuple[str, str], Call] = field(default_factory=dict)
+    ops: dict[str, dict[str, tuple[str, ...]]] = field(default_factory=dict)
+    driver_errors: dict[str, str] = field(default_factory=dict)
+    fatal: str | None = None
+    problem: str | None = None
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class Job:
+    """One worker to start: its label, code roots, request and thread pin (None: default)."""
+
+    label: str
+    roots: Sequence[Path]
+    request: Mapping[str, Any]
+    threads: int | None = None
+
+
+def _read_exact(pipe: BinaryIO, n: int) -> bytes:
+    chunks, got = [], 0
+    while got < n:
+        chunk = pipe.read(n - got)
+        if not chunk:
+            raise Unreadable(f"the stream ended inside a frame ({got} of {n} bytes)")
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
+
+
+def _int(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise Unreadable(f"expected a non-negative int for {what}, found {value!r}")
+    return value
+
+
+def _str(value: Any, what: str) -> str:
+    if not isinstance(value, str):
+        raise Unreadable(f"expected a string for {what}, found {type(value).__name__}")
+    return value
+
+
+def _outputs(pipe: BinaryIO, specs: Any, budget: list[int]) -> dict[str, Output]:
+    if not isinstance(specs, list):
+        raise Unreadable("expected a list of tensors")
+    out: dict[str, Output] = {}
+    for spec in specs:
+        if not isinstance(spec, dict):
+            raise Unreadable("expected a tensor description")
+        key, dtype, wire = (_str(spec.get(k), k) for k in ("key", "dtype", "wire"))
+        shape = spec.get("shape")
+        if dtype not in DTYPES or wire not in WIRE or not isinstance(shape, list):
+            raise Unreadable(f"expected a known dtype and a shape, found {dtype!r}/{wire!r}")
+        dims = tuple(_int(d, "a dim") for d in shape)
+        count = int(np.prod(dims, dtype=np.int64)) if dims else 1
+        nbytes = _int(spec.get("nbytes"), "nbytes")
+        if nbytes != count * WIRE[wire]:
+            raise Unreadable(f"{key}: {nbytes} bytes for {count} {wire} values")
+        budget[0] -= nbytes
+        if budget[0] < 0:
+            raise Unreadable(f"more than {MAX_TOTAL} bytes of tensors")
+        blob = _read_exact(pipe, nbytes)
+        out[key] = Output(dtype, np.frombuffer(blob, dtype=np.dtype(wire)).reshape(dims))
+    return out
+
+
+def _narrow(value: Any) -> str | None:
+    if value is None:
+        return None
+    if value not in DTYPES:
+        raise Unreadable(f"expected a dtype for computes_in, found {value!r}")
+    return str(value)
+
+
+def _call(head: dict[str, Any], outputs: dict[str, Output]) -> Call:
+    error = head.get("error")
+    rules, relations, casts = (
+        head.get("rules", []),
+        head.get("relations", []),
+        head.get("casts", []),
+    )
+    values, compare = head.get("values", {}), head.get("compare")
+    if not (
+        compare is None or (isinstance(compare, list) and all(isinstance(k, str) for k in compare))
+    ):
+        raise Unreadable("expected the names of the compared outputs")
+    if not (
+        isinstance(rules, list)
+        and isinstance(relations, list)
+        and isinstance(casts, list)
+        and isinstance(values, dict)
+        and (error is None or isinstance(error, str))
+    ):
+        raise Unreadable("expected rules, relations, casts and values of a call")
+    return Call(
+        stage=_str(head.get("stage"), "stage"),
+        name=_str(head.get("call"), "call"),
+        desc=_str(head.get("desc", ""), "desc"),
+        stages=max(1, _int(head.get("stages"), "stages")),
+        reduction=max(1, _int(head.get("reduction"), "reduction")),
+        rules=tuple(_str(r, "a rule") for r in rules),
+        relations=tuple(r for r in relations if isinstance(r, dict)),
+        compare=None if compare is None else tuple(compare),
+        computes_in=_narrow(head.get("computes_in")),
+        error=error,
+        message=str(head.get("message", "")),
+        values=values,
+        casts=tuple(_str(c, "a cast") for c in casts),
+        outputs=outputs,
+    )
+
+
+def read_stream(pipe: BinaryIO, stream: Stream) -> bool:
+    """Read frames into ``stream`` until ``done``; whether ``done`` came."""
+    budget = [MAX_TOTAL]
+    while True:
+        raw = pipe.read(4)
+        if not raw:
+            return False
+        if len(raw) < 4:
+            raw += _read_exact(pipe, 4 - len(raw))
+        (size,) = struct.unpack(">I", raw)
+        if size > MAX_HEADER:
+            raise Unreadable(f"a frame header of {size} bytes")
+        try:
+            head = json.loads(_read_exact(pipe, size))
+        except ValueError as err:
+            raise Unreadable(f"a frame header that is not JSON ({err})") from None
+        if not isinstance(head, dict) or head.get("kind") not in KINDS:
+            raise Unreadable("a frame of no known kind")
+        kind = head["kind"]
+        if kind == "done":
+            return True
+        if kind == "fatal":
+            stream.fatal = _str(head.get("error"), "error")
+        elif kind == "driver-error":
+            stream.driver_errors[_str(head.get("stage"), "stage")] = _str(head.get("error"), "e")
+        elif kind == "ops":
+            ops = head.get("ops")
+            if not isinstance(ops, dict):
+                raise Unreadable("expected ops by call")
+            stage = _str(head.get("stage"), "stage")
+            stream.ops[stage] = {
+                _str(c, "call"): tuple(_str(o, "op") for o in names) for c, names in ops.items()
+            }
+        else:
+            call = _call(head, _outputs(pipe, head.get("tensors"), budget))
+            if (call.stage, call.name) in stream.calls:
+                raise Unreadable(f"the call {call.stage}/{call.name} twice")
+            stream.calls[(call.stage, call.name)] = call
+
+
+def site_folder(roots: Sequence[Path], dest: Path) -> Path:
+    """The ``packages/*/src`` trees merged into ``dest/lib/python3/site-packages``."""
+    site = dest / "lib" / "python3" / "site-packages"
+    site.mkdir(parents=True, exist_ok=True)
+    for root in roots:
+        shutil.copytree(root, site, dirs_exist_ok=True)
+    return site
+
+
+def _environ(box: Sandbox, threads: int | None) -> dict[str, str]:
+    env = {k: os.environ[k] for k in PASSED_THROUGH if k in os.environ}
+    env["HOME"] = str(box.home)
+    # Idle OpenMP threads sleep instead of spinning: with two workers and other
+    # jobs on few cores, spinning costs several times the work. No API the
+    # stages may use can read it (torch.get_num_threads() is the default).
+    env["OMP_WAIT_POLICY"] = "PASSIVE"
+    if threads is not None:  # the base's and the reference's workers only
+        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
+    return env
+
+
+def _run(box: Sandbox, job: Job, site: Path, timeout: float) -> Stream:
+    stream = Stream(job.label)
+    read_fd, write_fd = os.pipe()
+    request = {**job.request, "fd": write_fd, "roots": [str(site)]}
+    worker = Path(box.boot) / "niels_gpt_contracts" / "sandbox" / WORKER
+    start = time.monotonic()
+    proc = subprocess.Popen(
+        [box.python, "-I", str(worker)],
+        env=_environ(box, job.threads),
+        cwd=box.home,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        pass_fds=(write_fd,),
+        start_new_session=True,
+    )
+    os.close(write_fd)
+    done: list[bool] = []
+
+    def reader() -> None:
+        with os.fdopen(read_fd, "rb") as pipe:
+            try:
+                done.append(read_stream(pipe, stream))
+            except Unreadable as err:
+                stream.problem = f"unreadable answer: {err}"
+                processes.kill_group(proc.pid)
+
+    thread = threading.Thread(target=reader, daemon=True)
+    with processes.tracked(proc.pid):
+        thread.start()
+        try:
+            _, err = proc.communicate(json.dumps(request).encode(), timeout=timeout)
+        except subprocess.TimeoutExpired:
+            processes.kill_group(proc.pid)
+            _, err = proc.communicate()
+            stream.problem = f"timed out after {timeout:g} s"
+        processes.kill_group(proc.pid)
+        thread.join(timeout=30)
+    stream.seconds = time.monotonic() - start
+    if stream.problem is None and not done:
+        tail = (err.decode("utf-8", "replace").strip().splitlines() or ["no output"])[-1]
+        stream.problem = f"the worker ended early (exit {proc.returncode}): {tail[:300]}"
+    return stream
+
+
+def run(
+    box: Sandbox, jobs: Sequence[Job], timeout: float, watched: Sequence[Path] = ()
+) -> tuple[list[Stream], list[str]]:
+    """Run every job at once (one thread each): their streams in order, and tampering.
+
+    Each job's code is copied into a fresh temporary folder that looks like a
+    virtual environment (no trace of the checker in a module's ``__file__``).
+    The second value lists the files under those folders and ``watched`` that
+    changed while the workers ran (the PR's worker writing into the base's
+    code, say); the folders are removed afterwards.
+    """
+    results: list[Stream | None] = [None] * len(jobs)
+    homes = [Path(tempfile.mkdtemp()) for _ in jobs]
+    sites = [site_folder(j.roots, home) for j, home in zip(jobs, homes, strict=True)]
+    confine.add_readonly(box, homes)  # no worker writes into another's code
+    before = Snapshot.take([*homes, *watched])
+
+    def one(i: int) -> None:
+        results[i] = _run(box, jobs[i], sites[i], timeout)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(jobs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    processes.reap_orphans()  # once all are done: a worker starting is not yet tracked
+    changed = before.changes(Snapshot.take([*homes, *watched]))
+    for home in homes:
+        shutil.rmtree(home, ignore_errors=True)
+    streams = [
+        r if r is not None else Stream(j.label, problem="no answer")
+        for r, j in zip(results, jobs, strict=True)
+    ]
+    return streams, changed

@@ -1,0 +1,55 @@
+"""The phases of ``contracts pr`` that judge the PR's code from outside its tests.
+
+- ``names``: the stage's library names resolved in the sandbox interpreter
+  (``source.name``: a module object, a program runner or code loader reached
+  through an allowed library); the ``source`` row of the static phase judged
+  the rest of the name rules from the text alone.
+- ``oracle:cpu``: the differential oracle (``verdict.oracle``), decided here,
+  in the trusted process, from tensors the workers sent.
+- ``weakened``: after the mutants, a PR that changed or deleted its stage's
+  tests has its stage's mutants run against the suite it leaves
+  (``verdict.weakened``).
+
+Each is a ``pipeline.Phase`` function of the verdict's ``State`` (``verdict.pr``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from niels_gpt_contracts.checks import name_rules
+from niels_gpt_contracts.checks.modules import namespaces
+from niels_gpt_contracts.result import KEPT, Outcome
+from niels_gpt_contracts.verdict import oracle, weakened
+
+if TYPE_CHECKING:
+    from niels_gpt_contracts.verdict.pr import State
+
+
+def names_phase(v: State) -> Iterator[Outcome]:
+    assert v.box is not None
+    spec, specs = v.ctx.spec, v.ctx.specs
+    interpreter = (v.box.python, v.box.environ([]))
+    found = name_rules.check_names(
+        spec, specs, v.ctx.head_tree, namespaces(specs), interpreter, static=False, check="names"
+    )
+    if found:
+        yield Outcome(spec.id, "names", "BROKEN", f"{len(found)} violation(s)", found)
+    else:
+        yield Outcome(spec.id, "names", KEPT, "every library name resolved and allowed")
+
+
+def oracle_phase(v: State) -> Iterator[Outcome]:
+    assert v.box is not None and v.w is not None
+    code = (v.w.head, v.w.base)
+    yield oracle.judge(v.ctx, v.plan, v.box, code, v.say, v.request.oracle_seed)
+
+
+def weakened_phase(v: State) -> Iterator[Outcome]:
+    assert v.box is not None and v.w is not None
+    if v.mutants_row is None:  # --skip-mutants: nothing to measure the suite by
+        why = "skipped with the mutants (--skip-mutants)"
+        yield Outcome(v.stage, "weakened", "NOT RUN", why)
+        return
+    yield weakened.judge(v.ctx, v.plan, v.box, v.w.root, v.kills, v.mutants_row, v.jobs, v.say)

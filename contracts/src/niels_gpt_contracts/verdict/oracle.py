@@ -1,0 +1,187 @@
+"""The differential oracle's verdict (``oracle:cpu``), decided in this process.
+
+For every stage of the closure whose spec declares ``[oracle]``, the base's
+driver drives the stage's public API in up to three workers
+(``sandbox.oracle_run``), started together:
+
+- ``head``: the PR's code, every stage of the tree imported as a user would;
+  the ATen ops of the calls the driver marks for a runtime rule are recorded;
+- ``base``: the base's code, the same calls (less those ``reference_calls``
+  sends to the reference);
+- ``reference``: for a stage the base does not have yet (its first PR) and
+  for the calls ``reference_calls`` names, the spec's float64 references
+  loaded in place of the stage's modules.
+
+Inputs and weights come from a seed drawn here with ``secrets``, for this
+verdict alone (``--oracle-seed`` replays a printed one). The workers return
+tensors; ``oracle_compare`` judges them here. The PR's worker failing is
+BROKEN; the base's or the reference's failing is a ``ConfigError`` (exit 2).
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from niels_gpt_contracts.checks import pr_context
+from niels_gpt_contracts.checks.modules import namespaces
+from niels_gpt_contracts.errors import ConfigError
+from niels_gpt_contracts.result import BROKEN, KEPT, NOT_RUN, Outcome, Violation
+from niels_gpt_contracts.sandbox import oracle_run, workspace
+from niels_gpt_contracts.sandbox.environment import Sandbox
+from niels_gpt_contracts.sandbox.oracle_run import Job, Stream
+from niels_gpt_contracts.spec import Spec
+from niels_gpt_contracts.verdict import plan
+from niels_gpt_contracts.verdict.oracle_compare import Judge
+
+CHECK = "oracle:cpu"
+
+
+def oracle_stages(p: plan.Plan) -> list[Spec]:
+    """The closure's stages that declare an oracle, in spec order."""
+    return [s for s in p.closure if s.oracle is not None]
+
+
+def _modules(specs: Sequence[Spec], files: set[str]) -> list[str]:
+    """Every stage module present in a tree, as an import name (what the worker imports)."""
+    out = []
+    for spec in specs:
+        for rel, path in zip(spec.modules, spec.module_files, strict=True):
+            if path in files:
+                out.append(rel.removesuffix(".py").removesuffix("/__init__").replace("/", "."))
+    return out
+
+
+def _entry(spec: Spec, root: Path, *, watch: bool = False, **run: Sequence[str]) -> dict[str, Any]:
+    """A worker's request entry for ``spec``'s driver; ``watch``: record ops (the PR's side)."""
+    assert spec.oracle is not None
+    rules = {r.id: bool(r.params.get("casts")) for r in spec.rules if r.runtime} if watch else {}
+    entry: dict[str, Any] = {
+        "stage": spec.id,
+        "file": str(root / spec.oracle.driver_file),
+        "function": spec.oracle.function,
+        "watch": rules,
+    }
+    entry.update({k: list(v) for k, v in run.items()})
+    return entry
+
+
+def _jobs(
+    ctx: pr_context.PrContext,
+    stages: list[Spec],
+    based: list[Spec],
+    refs: list[Spec],
+    code: tuple[Path, Path],
+    root: Path,
+    seed: int,
+) -> list[Job]:
+    everyone = list(ctx.specs.values())
+    common = {"seed": seed, "names": sorted(namespaces(ctx.specs)), "references": {}}
+    head = {
+        **common,
+        "preload": _modules(everyone, set(ctx.head_tree.files())),
+        "drivers": [_entry(s, root, watch=True) for s in stages],
+    }
+    base = {
+        **common,
+        "preload": _modules(everyone, set(ctx.base_tree.files())),
+        "drivers": [_entry(s, root, skip=s.oracle.reference_calls) for s in based if s.oracle],
+    }
+    jobs = [
+        Job("head", workspace.src_roots(code[0]), head),
+        Job("base", workspace.src_roots(code[1]), base, threads=1),
+    ]
+    if refs:
+        modules = {
+            m: str(root / f) for s in refs if s.oracle for m, f in s.oracle.references.items()
+        }
+        drivers = [
+            _entry(s, root, only=s.oracle.reference_calls if s in based else ("*",))
+            for s in refs
+            if s.oracle
+        ]
+        request = {**common, "preload": [], "references": modules, "drivers": drivers}
+        jobs.append(Job("reference", workspace.src_roots(code[1]), request, threads=1))
+    return jobs
+
+
+def judge(
+    ctx: pr_context.PrContext,
+    p: plan.Plan,
+    box: Sandbox,
+    code: tuple[Path, Path],
+    say: Callable[[str], None],
+    seed: int | None = None,
+    timeout: float = 900.0,
+) -> Outcome:
+    """The ``oracle:cpu`` row; ``code`` holds the head's and the base's written sources.
+
+    Raises:
+        ConfigError: the base's or the reference's worker failed (no verdict).
+    """
+    stage = p.stage.id
+    stages = oracle_stages(p)
+    if not stages:
+        return Outcome(stage, CHECK, NOT_RUN, "no stage of the closure declares an oracle")
+    seed = secrets.randbits(63) if seed is None else seed
+    base_files = set(ctx.base_tree.files())
+    based = [s for s in stages if any(f in base_files for f in s.module_files)]
+    refs = [s for s in stages if s.oracle and (s not in based or s.oracle.reference_calls)]
+    missing = [s for s in stages if s not in based and not (s.oracle and s.oracle.references)]
+    if missing:
+        why = f"{missing[0].id} is new here and its [oracle] names no float64 reference"
+        found = [Violation("oracle.error", missing[0].path, None, why, stage, CHECK)]
+        return Outcome(stage, CHECK, BROKEN, "nothing to compare a first PR with", found)
+    root = code[0].parent / "oracle"
+    drivers = [f for f in base_files if any(f.startswith(f"specs/{s.id}/") for s in stages)]
+    workspace.write(ctx.base_tree, [f for f in drivers if "/tests/" not in f], root)
+    say(f"oracle: {', '.join(s.id for s in stages)}, seed {seed:#x}")
+    jobs = _jobs(ctx, stages, based, refs, code, root, seed)
+    streams, changed = oracle_run.run(box, jobs, timeout, watched=[root, *code])
+    say("oracle: " + ", ".join(f"{s.label} {s.seconds:.1f} s" for s in streams))
+    if changed:
+        why = f"{changed[0]} changed while the oracle's workers ran ({len(changed)} file(s))"
+        found = [Violation("sandbox.tampered", changed[0], None, why, stage, CHECK)]
+        return Outcome(stage, CHECK, BROKEN, "the oracle's code or drivers changed", found)
+    for trusted in streams[1:]:
+        errors = list(trusted.driver_errors.values())
+        problem = trusted.problem or trusted.fatal or (errors[0] if errors else None)
+        if problem:
+            raise ConfigError(f"the oracle's {trusted.label} worker failed: {problem}")
+    ref = streams[2] if refs else Stream("reference")
+    return _decide(stage, stages, based, refs, streams[0], streams[1], ref, seed)
+
+
+def _decide(
+    stage: str,
+    stages: list[Spec],
+    based: list[Spec],
+    refs: list[Spec],
+    head: Stream,
+    base: Stream,
+    ref: Stream,
+    seed: int,
+) -> Outcome:
+    j = Judge(stage, CHECK)
+    problem = head.problem or head.fatal
+    if problem:
+        j.add(stages[0], "oracle.error", f"the PR's code gave no usable answer: {problem}")
+        return Outcome(stage, CHECK, BROKEN, "the PR's oracle worker failed", j.found)
+    for spec in stages:
+        if spec in based:
+            j.stage(spec, head, base, exact=False, what="differs from the base's")
+            j.runtime(spec, head, base)
+        if spec in refs:
+            j.stage(spec, head, ref, exact=True, what="differs from the float64 reference's")
+            j.runtime(spec, head, ref)
+    if j.found:
+        return Outcome(
+            stage, CHECK, BROKEN, f"{len(j.found)} violation(s) (seed {seed:#x})", j.found
+        )
+    summary = (
+        f"{j.compared} calls of {len(stages)} stage(s) agree, {j.relations} invariants hold "
+        f"(seed {seed:#x})"
+    )
+    return Outcome(stage, CHECK, KEPT, summary)

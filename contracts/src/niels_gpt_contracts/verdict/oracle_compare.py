@@ -1,0 +1,170 @@
+"""Compare the PR's oracle answers with the base's or the reference's (trusted side).
+
+``Judge`` collects violations: ``oracle.differs`` (a call whose answer is
+not within ``tolerance``'s bound of the other side's, or raised another
+exception type, or returned other outputs), ``oracle.invariant`` (an
+invariant the trusted side's driver declared does not hold on the PR's
+answers), ``oracle.error`` (the PR's driver run did not finish) and
+``runtime.<rule>`` (a watched call dispatched a forbidden op). Messages name
+the call, the description of its inputs and the largest deviation; the
+reporters escape them.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Mapping
+from typing import Any
+
+from niels_gpt_contracts.result import Violation
+from niels_gpt_contracts.sandbox.oracle_run import Call, Stream
+from niels_gpt_contracts.spec import Spec
+from niels_gpt_contracts.verdict import tolerance
+
+MAX_PER_STAGE = 3  # violations reported per stage: the first differing calls
+
+
+class Judge:
+    """Collects the violations of one verdict's comparison."""
+
+    def __init__(self, pr_stage: str, check: str) -> None:
+        self.pr_stage = pr_stage
+        self.check = check
+        self.found: list[Violation] = []
+        self.compared = 0
+        self.relations = 0
+
+    def add(self, spec: Spec, rule: str, message: str, *, line: int | None = None) -> None:
+        path = spec.path if rule.startswith(("runtime.", "oracle.error")) else spec.module_files[0]
+        self.found.append(
+            Violation(rule, path, line, f"{spec.id}: {message}", self.pr_stage, self.check)
+        )
+
+    def stage(self, spec: Spec, head: Stream, ref: Stream, *, exact: bool, what: str) -> None:
+        """Every call of ``spec``'s stage that ``ref`` answered, against ``head``'s answer,
+        then the invariants ``ref``'s driver declared, on ``head``'s answers."""
+        before = len(self.found)
+        if spec.id in head.driver_errors:
+            self.add(
+                spec,
+                "oracle.error",
+                f"the oracle driver could not finish on the PR's code: "
+                f"{head.driver_errors[spec.id]}",
+            )
+        for (stage, name), want in ref.calls.items():
+            if stage != spec.id or len(self.found) - before >= MAX_PER_STAGE:
+                continue
+            got = head.calls.get((stage, name))
+            if got is None:
+                if spec.id not in head.driver_errors:
+                    self.add(spec, "oracle.differs", f"call {name} ({want.desc}): no answer")
+                continue
+            self.compared += 1
+            problem = _differs(got, want, exact=exact)
+            if problem:
+                self.add(spec, "oracle.differs", f"call {name} ({want.desc}) {what}: {problem}")
+        for want in (c for (s, _), c in ref.calls.items() if s == spec.id):
+            for relation in want.relations:
+                if len(self.found) - before >= MAX_PER_STAGE:
+                    break
+                self.relations += 1
+                problem = _relation(relation, head, spec.id, want)
+                if problem:
+                    self.add(spec, "oracle.invariant", f"call {want.name} ({want.desc}): {problem}")
+
+    def runtime(self, spec: Spec, head: Stream, ref: Stream) -> None:
+        """``spec``'s runtime rules on the ops of ``head``'s calls that ``ref`` marked watched."""
+        for rule in (r for r in spec.rules if r.runtime):
+            patterns = list(rule.params["ops"])
+            for (stage, name), want in ref.calls.items():
+                if stage != spec.id or rule.id not in want.rules:
+                    continue
+                got = head.calls.get((stage, name))
+                if got is None:
+                    continue
+                ops = head.ops.get(stage, {}).get(name)
+                if ops is None:
+                    msg = f"call {name}: no ops recorded for this watched call [{rule.message}]"
+                    self.add(spec, rule.rule_id, msg, line=rule.line)
+                    break
+                hits = sorted(o for o in ops if any(fnmatch.fnmatchcase(o, p) for p in patterns))
+                casts = list(got.casts) if rule.params.get("casts") else []
+                if hits or casts:
+                    why = ", ".join(hits) if hits else "; ".join(casts[:3])
+                    msg = f"dispatched {why} in call {name} ({want.desc}) [{rule.message}]"
+                    self.add(spec, rule.rule_id, msg, line=rule.line)
+                    break
+
+
+def _differs(got: Call, want: Call, *, exact: bool) -> str | None:
+    if got.error != want.error:
+        if want.error is None:
+            return f"raised {got.error} ({got.message[:120]!r}) where the reference returned"
+        if got.error is None:
+            return f"returned where the reference raised {want.error} ({want.message[:120]!r})"
+        return f"raised {got.error} where the reference raised {want.error}"
+    if set(got.outputs) != set(want.outputs):
+        return f"returned outputs {sorted(got.outputs)} where {sorted(want.outputs)} were expected"
+    if got.values != want.values:
+        return f"returned {got.values!r} where {want.values!r} was expected"
+    for key, w in want.outputs.items():
+        if want.compare is not None and key not in want.compare:
+            continue
+        g = got.outputs[key]
+        if g.dtype != w.dtype:
+            return f"{key} is {g.dtype} where {w.dtype} was expected"
+        dev = tolerance.compare(
+            g.data,
+            w.data,
+            w.dtype,
+            stages=want.stages,
+            reduction=want.reduction,
+            exact_reference=exact,
+            computes_in=want.computes_in,
+        )
+        if dev is not None:
+            return f"{key}: {dev.text}"
+    return None
+
+
+def _slice(stream: Stream, stage: str, ref: Any) -> tuple[Any, str] | str:
+    if not (isinstance(ref, list) and len(ref) == 3):
+        return "a malformed reference"
+    call, key, slices = ref
+    got = stream.calls.get((stage, str(call)))
+    if got is None or str(key) not in got.outputs:
+        return f"no output {call}/{key} on the PR's code"
+    out = got.outputs[str(key)]
+    index: list[slice] = [slice(None)] * out.data.ndim
+    for dim, start, stop in slices:
+        if not 0 <= int(dim) < out.data.ndim:
+            return f"{call}/{key} has {out.data.ndim} dims, the invariant slices dim {dim}"
+        index[int(dim)] = slice(int(start), int(stop))
+    return out.data[tuple(index)], out.dtype
+
+
+def _relation(relation: Mapping[str, Any], head: Stream, stage: str, want: Call) -> str | None:
+    lhs = _slice(head, stage, relation.get("lhs"))
+    if isinstance(lhs, str):
+        return lhs
+    kind = relation.get("kind")
+    if kind in ("upper_zero", "zero"):
+        dev = (tolerance.upper_zero if kind == "upper_zero" else tolerance.zero)(lhs[0])
+        what = "puts weight above the diagonal" if kind == "upper_zero" else "is not zero"
+        a = relation["lhs"]
+        return None if dev is None else f"{a[0]}/{a[1]}{a[2]} {what}: {dev.text}"
+    rhs = _slice(head, stage, relation.get("rhs"))
+    if isinstance(rhs, str):
+        return rhs
+    dev = tolerance.compare(
+        lhs[0],
+        rhs[0],
+        rhs[1],
+        stages=want.stages,
+        reduction=want.reduction,
+        computes_in=want.computes_in,
+    )
+    if dev is None:
+        return None
+    a, b = relation["lhs"], relation["rhs"]
+    return f"{a[0]}/{a[1]}{a[2]} != {b[0]}/{b[1]}{b[2]} on the PR's code: {dev.text}"

@@ -1,0 +1,116 @@
+"""The oracle's trusted parts on their own: the dtype-derived bound and the frame reader.
+
+The bound must let two honest computations of one call through and catch a
+difference the size of a leaked token; the reader must refuse any stream
+that breaks the protocol (the PR's worker writes it), never guess.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import struct
+
+import numpy as np
+import pytest
+
+from niels_gpt_contracts.sandbox.oracle_run import Stream, Unreadable, read_stream
+from niels_gpt_contracts.verdict import tolerance
+
+
+def _sum_orders(n: int, dtype: type[np.floating]) -> tuple[np.ndarray, np.ndarray]:
+    """One sum of ``n`` terms taken in two orders, rounded in ``dtype`` along the way."""
+    rng = np.random.default_rng(0)
+    terms = rng.standard_normal((64, n)).astype(dtype)
+    forward = np.cumsum(terms, axis=1, dtype=dtype)[:, -1]
+    backward = np.cumsum(terms[:, ::-1], axis=1, dtype=dtype)[:, -1]
+    return forward, backward
+
+
+@pytest.mark.parametrize(("dtype", "name"), [(np.float32, "float32"), (np.float64, "float64")])
+def test_two_summation_orders_are_within_the_bound(dtype: type[np.floating], name: str) -> None:
+    a, b = _sum_orders(1024, dtype)
+    assert not np.array_equal(a, b)  # rounding really differs
+    assert tolerance.compare(a, b, name, stages=1, reduction=1024) is None
+
+
+@pytest.mark.parametrize(("name", "at"), [("float64", 600), ("float32", 60)])
+def test_a_leaked_token_is_beyond_the_bound(name: str, at: int) -> None:
+    """Position ``at`` mixes in 1/at of the next value, the scale of a causal leak there.
+
+    In float32 the bound at n = 700 is about 1e-3 of the largest value, so a
+    leak diluted over 600 positions hides in it: the drivers catch those with
+    float64 calls (every T of the attention sweep), where it stands out.
+    """
+    rng = np.random.default_rng(1)
+    want = rng.standard_normal((1, 700, 8))
+    got = want.copy()
+    got[0, at] += want[0, at + 1] / at
+    dev = tolerance.compare(got.astype(name), want.astype(name), name, stages=4, reduction=700)
+    assert dev is not None and f"at (0, {at}," in dev.text
+
+
+def test_the_bound_is_derived_from_the_dtype() -> None:
+    assert tolerance.rtol("float32", 4, 1024) == pytest.approx(4 * 1027 * 2.0**-24)
+    assert tolerance.rtol("bfloat16", 4, 1024) == pytest.approx(4 * (3 * 2.0**-8 + 1024 * 2.0**-24))
+    assert tolerance.rtol("float64", 1, 1) == pytest.approx(4 * 2.0**-53)
+    # bfloat16 arithmetic returned in float32 is bounded by bfloat16's eps
+    assert tolerance.widest_error("float32", "bfloat16") == "bfloat16"
+
+
+def test_specials_integers_and_exact_zeros() -> None:
+    nan = np.array([1.0, np.nan, np.inf])
+    assert tolerance.compare(nan.copy(), nan, "float64", stages=1, reduction=1) is None
+    assert tolerance.compare(np.array([1.0, 0.0, np.inf]), nan, "float64", stages=1, reduction=1)
+    ids = tolerance.compare(np.array([3, 4]), np.array([3, 5]), "int64", stages=1, reduction=1)
+    assert ids is not None and ids.text.endswith("(1,): 4 where 5 was expected")  # plain ints
+    assert tolerance.compare(np.zeros(3), np.zeros(4), "float64", stages=1, reduction=1)
+    probs = np.tril(np.ones((2, 4, 4)))
+    assert tolerance.upper_zero(probs) is None
+    probs[1, 0, 3] = 1e-30
+    assert tolerance.upper_zero(probs) is not None
+    assert tolerance.zero(np.array([0.0, -0.0])) is None
+    assert tolerance.zero(np.array([0.0, 1e-300])) is not None
+
+
+def _frame(header: dict[str, object], *blobs: bytes) -> bytes:
+    head = json.dumps(header).encode()
+    return struct.pack(">I", len(head)) + head + b"".join(blobs)
+
+
+CALL = {
+    "kind": "call", "stage": "s", "call": "c", "desc": "d", "stages": 1, "reduction": 1,
+    "rules": [], "relations": [], "compare": None, "error": None, "casts": [], "values": {},
+    "tensors": [{"key": "out", "dtype": "float64", "wire": "float64", "shape": [2],
+                 "nbytes": 16}],
+}  # fmt: skip
+
+
+def test_a_well_formed_stream_is_read() -> None:
+    data = np.array([1.5, -2.0]).tobytes()
+    stream = Stream("head")
+    assert read_stream(io.BytesIO(_frame(CALL, data) + _frame({"kind": "done"})), stream)
+    out = stream.calls[("s", "c")].outputs["out"]
+    assert out.dtype == "float64" and out.data.tolist() == [1.5, -2.0]
+
+
+@pytest.mark.parametrize(
+    "broken",
+    [
+        _frame({**CALL, "tensors": [{**CALL["tensors"][0], "nbytes": 15}]}, b"x" * 15),  # type: ignore[dict-item]
+        _frame({**CALL, "tensors": [{**CALL["tensors"][0], "dtype": "object"}]}, b"x" * 16),  # type: ignore[dict-item]
+        _frame(CALL, b"x" * 8),  # the stream ends inside a tensor
+        _frame({"kind": "surprise"}),
+        struct.pack(">I", 1 << 30),  # a header too large to believe
+        _frame(CALL, b"x" * 16) + _frame(CALL, b"x" * 16),  # one call answered twice
+        struct.pack(">I", 3) + b"{{{",
+    ],
+    ids=["bytes", "dtype", "short", "kind", "huge", "twice", "json"],
+)
+def test_a_broken_stream_is_refused(broken: bytes) -> None:
+    with pytest.raises(Unreadable):
+        read_stream(io.BytesIO(broken + _frame({"kind": "done"})), Stream("head"))
+
+
+def test_a_stream_without_its_end_is_not_done() -> None:
+    assert read_stream(io.BytesIO(_frame(CALL, b"x" * 16)), Stream("head")) is False

@@ -1,0 +1,141 @@
+"""The fastpath stage's oracle driver (maintainer-owned; run by ``contracts pr``).
+
+``calls(o)`` drives ``FastCausalSelfAttention`` and the switches
+``use_fast_attention``/``use_explicit_attention`` with weights and inputs
+drawn from the verdict's secret seed: every query-block edge up to 1024 and
+drawn lengths, drawn configs, eval, ``inference_mode``, train (invariants
+under dropout) and backward, float32, float64 and bfloat16 autocast, with
+and without probabilities; a GPT switched to the fast path and back. The
+checker compares each answer with the base's.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from niels_gpt.config import ModelConfig
+from niels_gpt.model.fastpath import (
+    FastCausalSelfAttention,
+    use_explicit_attention,
+    use_fast_attention,
+)
+from niels_gpt.model.gpt import GPT
+
+if TYPE_CHECKING:
+    from niels_gpt_contracts.sandbox._oracle_kit import Oracle
+
+LENGTHS = (1, 2, 127, 128, 129, 255, 256, 257, 511, 512, 513, 767, 1024)
+
+
+def _attention(o: Oracle) -> None:
+    cfg = ModelConfig(V=2, T=1024, C=16, H=2, dropout=0.0)
+    r = o.rng("lengths")
+    lengths = sorted({*LENGTHS, *(r.randint(1, 1024) for _ in range(12))})
+    for dtype, short in ((torch.float32, "f32"), (torch.float64, "f64")):
+        attn = FastCausalSelfAttention(cfg).to(dtype).eval()
+        o.load_weights(attn, f"attn-{short}")
+        x_all = o.randn(2, 1024, 16, tag=f"x-{short}", dtype=dtype)  # (2, 1024, 16)
+        for t in lengths:
+            x = x_all[:, :t]  # (2, T, 16)
+            with torch.no_grad():
+                o.call(
+                    f"fast/{short}/T={t}",
+                    partial(attn, x),
+                    desc=f"B=2 T={t} C=16 {short}",
+                    stages=4,
+                    reduction=max(16, t),
+                )
+        with torch.inference_mode():
+            o.call(
+                f"fast/{short}/probs",
+                partial(attn, x_all[:, :300], return_attn=True),
+                desc=f"B=2 T=300 {short} return_attn",
+                stages=4,
+                reduction=300,
+            )
+    attn = FastCausalSelfAttention(ModelConfig(V=2, T=300, C=32, H=4, dropout=0.3))
+    o.load_weights(attn, "train")
+    x = o.randn(3, 300, 32, tag="train-x", dtype=torch.float32)  # (3, 300, 32)
+    later = x.clone()  # (3, 300, 32)
+    later[:, 140:] = 1000.0 * o.randn(3, 160, 32, tag="train-far", dtype=torch.float32)
+    attn.train()
+    o.call(
+        "train",
+        partial(attn, x),
+        desc="B=3 T=300 C=32 dropout 0.3 train",
+        stages=4,
+        reduction=300,
+        compare=(),
+    )
+    same = o.equal(("train", "out", ((1, 0, 140),)), ("train-future", "out", ((1, 0, 140),)))
+    o.call(
+        "train-future",
+        partial(attn, later),
+        desc="as train, tokens 140.. x1000",
+        stages=4,
+        reduction=300,
+        compare=(),
+        relations=[same],
+    )
+
+    def autocast() -> Any:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return attn.eval()(x)
+
+    o.call(
+        "autocast",
+        autocast,
+        desc="B=3 T=300 C=32 bf16 autocast eval",
+        stages=4,
+        reduction=300,
+        computes_in=torch.bfloat16,
+    )
+
+
+def _switch(o: Oracle) -> None:
+    cfg = ModelConfig(V=50, T=600, C=32, H=4, L=2, d_ff=64, dropout=0.0)
+    gpt = GPT(cfg).eval()
+    o.load_weights(gpt, "gpt")
+    ids = o.randint(50, 2, 600, tag="ids")  # (2, 600)
+    use_fast_attention(gpt)
+    with torch.no_grad():
+        o.call(
+            "gpt/fast",
+            partial(gpt, ids),
+            desc="GPT L=2 C=32 T=600 fast path eval",
+            stages=16,
+            reduction=600,
+        )
+        o.call(
+            "gpt/fast-trace",
+            partial(gpt.forward_with_attn_trace, ids, 1),
+            desc="GPT fast path trace layer 1",
+            stages=16,
+            reduction=600,
+        )
+    use_explicit_attention(gpt)
+    with torch.no_grad():
+        o.call(
+            "gpt/explicit",
+            partial(gpt, ids),
+            desc="GPT switched back to explicit",
+            stages=16,
+            reduction=600,
+        )
+    not_a_module: Any = torch.zeros(2)
+    o.call(
+        "bad/switch",
+        partial(use_fast_attention, not_a_module),
+        desc="not a module",
+        stages=1,
+        reduction=1,
+    )
+
+
+def calls(o: Oracle) -> None:
+    """Every call of the fastpath stage's oracle."""
+    _attention(o)
+    _switch(o)

@@ -1,0 +1,241 @@
+"""The kv_cache stage's oracle driver (maintainer-owned; run by ``contracts pr``).
+
+``calls(o)`` drives the stage's public API with weights, ids and knobs drawn
+from the verdict's secret seed:
+
+- cached forwards: a GPT switched with ``use_kv_cache`` is fed its context in
+  chunks of drawn sizes (1 to 64 tokens, sometimes up to the rest of the
+  context) until the cache holds ``cfg.T`` positions, so calls land at many
+  cache lengths and chunk sizes; each chunk's logits are compared with the
+  base's and, as an invariant, with the uncached forward of the same ids
+  (``drop_kv_cache`` first); the same for cached traces, one token a step;
+- ``generate`` in float64 (greedy, temperature, top-k, top-p, eos, a seeded
+  generator, traces; explicit and fast-path models): the ids must be equal;
+  the first one always runs to the end of a 200-token context (every cache
+  length a decode step can have there), sampled at temperature 1 and traced,
+  so a wrong cache shows in the traces even where the ids agree;
+- ``filter_logits`` on drawn logits and knobs; ``KVCache`` itself; bad
+  arguments, whose exception type must match the base's.
+
+Single-token cached steps fall under ``no-cat-on-decode`` and ``generate``
+calls under ``no-cat-in-generate`` (their ops are recorded).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from niels_gpt.config import ModelConfig
+from niels_gpt.model.fastpath import use_fast_attention
+from niels_gpt.model.gpt import GPT
+from niels_gpt.model.kv_cache import (
+    KVCache,
+    drop_kv_cache,
+    filter_logits,
+    generate,
+    use_kv_cache,
+)
+
+if TYPE_CHECKING:
+    from niels_gpt_contracts.sandbox._oracle_kit import Oracle
+
+DECODE, GENERATE = ("no-cat-on-decode",), ("no-cat-in-generate",)
+
+
+def _gpt(o: Oracle, cfg: ModelConfig, tag: str, dtype: torch.dtype) -> GPT:
+    gpt = GPT(cfg).to(dtype).eval()
+    o.load_weights(gpt, tag)
+    return gpt
+
+
+def _chunks(o: Oracle, run: int) -> None:
+    """One context fed in drawn chunks through the cache, then uncached."""
+    r = o.rng(f"chunks{run}")
+    big = run == 0
+    cfg = ModelConfig(
+        V=r.choice((61, 300)),
+        T=1024 if big else r.choice((128, 256)),
+        C=r.choice((16, 32)),
+        H=2,
+        L=r.randint(1, 2),
+        d_ff=48,
+        dropout=r.choice((0.0, 0.2)),  # dropout is off in eval: the knob must not leak in
+        rope_theta=r.choice((10000.0, 300.0)),
+    )
+    dtype = torch.float64 if run % 2 else torch.float32
+    gpt = _gpt(o, cfg, f"chunks{run}-w", dtype)
+    b = r.randint(1, 3)
+    ids = o.randint(cfg.V, b, cfg.T, tag=f"chunks{run}-ids")  # (B, T)
+    name, about = f"chunks{run}", f"B={b} V={cfg.V} C={cfg.C} L={cfg.L} cfg.T={cfg.T} {dtype}"
+    spans: list[tuple[int, int]] = []
+    use_kv_cache(gpt, b)
+    p = 0
+    with torch.no_grad():
+        while p < cfg.T:
+            n = min(cfg.T - p, r.choice((1, 1, 2, 3, 7, 16, 33, 64, r.randint(1, cfg.T))))
+            step = f"{name}/p={p}/n={n}"
+            rules = DECODE if n == 1 else ()
+            o.call(
+                step,
+                partial(gpt, ids[:, p : p + n]),
+                desc=f"{about} cached, {n} tokens after {p}",
+                stages=7 * cfg.L + 2,
+                reduction=max(cfg.C, p + n, 48),
+                rules=rules,
+            )
+            spans.append((p, n))
+            p += n
+        drop_kv_cache(gpt)
+        same = [
+            o.equal((f"{name}/p={p}/n={n}", "out", ()), (f"{name}/full", "out", ((1, p, p + n),)))
+            for p, n in spans
+        ]
+        o.call(
+            f"{name}/full",
+            partial(gpt, ids),
+            desc=f"{about} uncached, all {cfg.T}",
+            stages=7 * cfg.L + 2,
+            reduction=max(cfg.C, cfg.T, 48),
+            relations=same,
+        )
+
+
+def _traces(o: Oracle) -> None:
+    cfg = ModelConfig(V=50, T=160, C=16, H=2, L=2, d_ff=32, dropout=0.0)
+    gpt = _gpt(o, cfg, "traces-w", torch.float64)
+    ids = o.randint(50, 2, 160, tag="traces-ids")  # (2, 160)
+    use_kv_cache(gpt, 2)
+    with torch.no_grad():
+        o.call(
+            "traces/prefill",
+            partial(gpt.forward_with_attn_trace, ids[:, :130], 1),
+            desc="cached trace, prefill of 130",
+            stages=16,
+            reduction=130,
+        )
+        for p in range(130, 160):
+            o.call(
+                f"traces/p={p}",
+                partial(gpt.forward_with_attn_trace, ids[:, p : p + 1], 0),
+                desc=f"cached trace, one token after {p}",
+                stages=16,
+                reduction=p + 1,
+                rules=DECODE,
+            )
+    drop_kv_cache(gpt)
+
+
+def _generate(o: Oracle) -> None:
+    r = o.rng("generate")
+    for i in range(6):
+        long = i == 0  # one generation to the end of a long context: every cache length
+        cfg = ModelConfig(
+            V=r.choice((7, 64, 300)),
+            T=200 if long else r.choice((40, 200)),
+            C=16,
+            H=2,
+            L=2,
+            d_ff=32,
+            dropout=0.1,
+        )
+        gpt = _gpt(o, cfg, f"gen{i}-w", torch.float64)
+        if i % 3 == 2:
+            use_fast_attention(gpt)
+        b, t = r.randint(1, 3), r.randint(1, cfg.T // (5 if long else 2))
+        new = cfg.T - t if long else r.randint(0, cfg.T - t)
+        prompt = o.randint(cfg.V, b, t, tag=f"gen{i}-prompt")  # (B, t)
+        knobs: dict[str, Any] = {
+            "temperature": r.choice((0.0, 1.0, 0.7, 1e-4)),
+            "top_k": r.choice((None, 1, 5)),
+            "top_p": r.choice((None, 0.9, 0.3)),
+            "eos_id": r.choice((None, 0, 3)),
+            "generator": o.generator(f"gen{i}-draws"),
+            "trace_layer": r.choice((None, 1)),
+        }
+        if long:  # sampled (a greedy random model may repeat one token) and traced
+            knobs.update(temperature=1.0, top_k=None, top_p=None, eos_id=None, trace_layer=1)
+        about = ", ".join(f"{k}={v}" for k, v in knobs.items() if k != "generator")
+        o.call(
+            f"generate/{i}",
+            partial(generate, gpt, prompt, new, **knobs),
+            desc=f"generate V={cfg.V} B={b} t={t} new={new} {about}",
+            stages=16,
+            reduction=cfg.T,
+            rules=GENERATE,
+        )
+        with torch.no_grad():  # generate hands the model back as it found it
+            o.call(
+                f"generate/{i}/after",
+                partial(gpt, prompt),
+                desc=f"the model's own forward after generate/{i}",
+                stages=16,
+                reduction=cfg.T,
+            )
+
+
+def _filters_and_bad(o: Oracle) -> None:
+    r = o.rng("filters")
+    for i in range(8):
+        logits = 3.0 * o.randn(
+            r.randint(1, 4),
+            r.choice((1, 2, 50, 1000)),
+            tag=f"logits{i}",
+            dtype=r.choice((torch.float32, torch.float64)),
+        )
+        knobs: dict[str, Any] = {
+            "temperature": r.choice((1.0, 0.5, 0.0, 2.0)),
+            "top_k": r.choice((None, 1, 10)),
+            "top_p": r.choice((None, 1.0, 0.5, 0.01)),
+        }
+        o.call(
+            f"filter/{i}",
+            partial(filter_logits, logits, **knobs),
+            desc=f"filter_logits {tuple(logits.shape)} {knobs}",
+            stages=2,
+            reduction=logits.shape[-1],
+        )
+    gpt = _gpt(o, ModelConfig(V=10, T=8, C=16, H=2, L=1, d_ff=16), "bad-w", torch.float32)
+    prompt = torch.zeros(1, 4, dtype=torch.int64)  # (1, 4)
+    cases: dict[str, Any] = {
+        "cache-bool": partial(
+            KVCache, True, 2, 8, 4, dtype=torch.float32, device=torch.device("cpu")
+        ),
+        "cache-len": partial(
+            lambda: len(KVCache(2, 2, 8, 4, dtype=torch.float64, device=torch.device("cpu")))
+        ),
+        "too-long": partial(generate, gpt, prompt, 5),
+        "temperature": partial(generate, gpt, prompt, 1, temperature=-1.0),
+        "top_p": partial(generate, gpt, prompt, 1, top_p=0.0),
+        "batch": partial(use_kv_cache, gpt, 0),
+    }
+    for what, fn in cases.items():
+        o.call(f"bad/{what}", fn, desc=f"bad argument: {what}", stages=1, reduction=1)
+    use_kv_cache(gpt, 1)
+    with torch.no_grad():
+        gpt(prompt)
+        o.call(
+            "bad/past-T",
+            partial(gpt, torch.zeros(1, 5, dtype=torch.int64)),
+            desc="a cached chunk past cfg.T",
+            stages=1,
+            reduction=1,
+        )
+        o.call(
+            "bad/batch-mismatch",
+            partial(gpt, torch.zeros(2, 1, dtype=torch.int64)),
+            desc="a cached chunk of another batch",
+            stages=1,
+            reduction=1,
+        )
+
+
+def calls(o: Oracle) -> None:
+    """Every call of the kv_cache stage's oracle."""
+    for run in range(4):
+        _chunks(o, run)
+    _traces(o)
+    _generate(o)
+    _filters_and_bad(o)
