@@ -307,7 +307,30 @@ def test_contracts(session: nox.Session) -> None:
         "--confcutdir=contracts",
         "--numprocesses=auto",
         "-m",
-        "not hooks and not workflow",
+        "not hooks and not workflow and not scenario",
+        *session.posargs,
+    )
+
+
+@nox.session(name="test-scenarios", venv_backend="none")
+def test_scenarios(session: nox.Session) -> None:
+    """Issue 19's attacks and controls on the real stages (``scenario`` marker).
+
+    Each test builds a scratch repository of the real stages, commits an
+    attack (or an honest change) and asks for a whole ``contracts pr`` verdict,
+    oracle included: about a minute of CPU each, some forty minutes in all on
+    two cores, so they are kept out of ``test-contracts``. ``.ci/run`` runs one
+    of each kind that decides the gate (``-k`` in its lane); run them all
+    before changing the oracle, the sandbox or the source rules.
+    """
+    run_dev(
+        session,
+        "pytest",
+        "contracts/tests",
+        "--confcutdir=contracts",
+        "--numprocesses=auto",
+        "-m",
+        "scenario",
         *session.posargs,
     )
 

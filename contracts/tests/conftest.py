@@ -29,6 +29,16 @@ def pytest_configure(config: pytest.Config) -> None:
         "workflow: replays .github/workflows/contracts.yml (builds environments; "
         "nox -s test-workflow)",
     )
+    config.addinivalue_line(
+        "markers",
+        "scenario: a real-stage attack or control judged by a whole `contracts pr` with the "
+        "oracle (about a minute each; nox -s test-scenarios)",
+    )
+    config.addinivalue_line(
+        "markers",
+        "smoke: the scenarios .ci/run runs (nox -s test-scenarios -- -m smoke): each attack "
+        "kind's check once, the environment seal, an honest control",
+    )
 
 
 @pytest.fixture(scope="session")

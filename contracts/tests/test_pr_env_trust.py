@@ -21,6 +21,8 @@ from prkit import PrRepo, rules_of
 
 from niels_gpt_contracts.sandbox import confine, env_trust, environment
 
+pytestmark = pytest.mark.scenario  # nox -s test-scenarios; .ci/run runs a subset
+
 MIXER = "packages/mixer/src/ngt/model/mixer.py"
 BUG = ("return [scale * (a + b)", "return [scale * (a + 2 * b)")
 POISON = "zz_contracts_poison.pth"
@@ -71,6 +73,7 @@ def _next_pr_with_a_bug(repo: PrRepo) -> None:
     repo.pr("mixer", "a plain bug")
 
 
+@pytest.mark.smoke
 @pytest.mark.parametrize("confined", [True, False], ids=["confined", "not-confined"])
 def test_a_pr_that_plants_a_file_in_the_environment_poisons_nothing(
     pr_repo: PrRepo, confined: bool, monkeypatch: pytest.MonkeyPatch

@@ -12,6 +12,8 @@ from __future__ import annotations
 import pytest
 from realkit import RealRepo, rows, rules_of
 
+pytestmark = pytest.mark.scenario  # nox -s test-scenarios; .ci/run runs a subset
+
 ATTN = "packages/attention/src/niels_gpt/model/attention/__init__.py"
 ATTN_TEST = "packages/attention/tests/test_attention.py"
 INIT_MASK = "        mask = torch.tril(torch.ones(cfg.T, cfg.T, dtype=torch.bool))  # (T, T)\n"
@@ -45,6 +47,7 @@ def _leaks(repo: RealRepo) -> None:
     assert float(repo.probe(LEAK, "main")) == 0.0
 
 
+@pytest.mark.smoke
 def test_leaking_unless_one_thread_is_seen_by_the_oracle(real_repo: RealRepo) -> None:
     """Behaves only when watched: the sandbox's tests pin one thread, a user's run has more."""
     real_repo.replace(ATTN, INIT_MASK, _mask_shifted_when("torch.get_num_threads() > 1"))
@@ -73,6 +76,7 @@ def test_an_interpreter_module_through_torch_is_refused_and_the_leak_seen(
     assert {"source.name", "oracle.differs"} <= rules_of(out)
 
 
+@pytest.mark.smoke
 def test_forged_test_results_do_not_hide_the_leak(real_repo: RealRepo) -> None:
     """The stage always leaks and, when imported under pytest, makes every test pass."""
     real_repo.replace(ATTN, INIT_MASK, _mask_shifted_when("True"))

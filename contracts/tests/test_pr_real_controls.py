@@ -3,7 +3,10 @@ confinement in place (controls of ``test_pr_real_*``)."""
 
 from __future__ import annotations
 
+import pytest
 from realkit import RealRepo, rows
+
+pytestmark = pytest.mark.scenario  # nox -s test-scenarios; .ci/run runs a subset
 
 ATTN = "packages/attention/src/niels_gpt/model/attention/__init__.py"
 PAD = "packages/padding/src/niels_gpt/model/padding/__init__.py"
@@ -17,6 +20,7 @@ def _kept(repo: RealRepo, *extra: str) -> dict[str, str]:
     return status
 
 
+@pytest.mark.smoke
 def test_a_docstring_edit_of_attention_is_kept(real_repo: RealRepo) -> None:
     real_repo.replace(ATTN, "rotary position embeddings:", "rotary position embeddings (RoPE):")
     real_repo.pr("attention")
@@ -71,6 +75,7 @@ def test_a_stages_first_pr_is_judged_against_the_float64_reference(
     assert "reference" in err  # the reference worker ran
 
 
+@pytest.mark.smoke
 def test_a_first_pr_that_leaks_differs_from_the_reference(first_pr_repo: RealRepo) -> None:
     first_pr_repo.replace(ATTN, "dtype=torch.bool))  # (T, T)", "dtype=torch.bool), 1)  # (T, T)")
     first_pr_repo.pr("attention", "the attention stage")

@@ -11,7 +11,10 @@ patch the attention class.
 
 from __future__ import annotations
 
+import pytest
 from realkit import RealRepo, rows, rules_of
+
+pytestmark = pytest.mark.scenario  # nox -s test-scenarios; .ci/run runs a subset
 
 KV = "packages/kv_cache/src/niels_gpt/model/kv_cache/__init__.py"
 KV_TEST = "packages/kv_cache/tests/test_kv_cache.py"
@@ -86,6 +89,7 @@ def test_forged_test_results_do_not_hide_a_wrong_decode(real_repo: RealRepo) -> 
     assert rows(out)["oracle:cpu"] == "BROKEN"
 
 
+@pytest.mark.smoke
 def test_a_decode_wrong_after_96_cached_tokens_is_found(real_repo: RealRepo) -> None:
     """Rare input: only decode steps after 96 cached tokens (no test generates that far)."""
     real_repo.replace(KV, NEXT, _stale_when("col > 96"))

@@ -7,7 +7,10 @@ verdict must be BROKEN, naming what caught it.
 
 from __future__ import annotations
 
+import pytest
 from realkit import RealRepo, rows, rules_of
+
+pytestmark = pytest.mark.scenario  # nox -s test-scenarios; .ci/run runs a subset
 
 PAD = "packages/padding/src/niels_gpt/model/_padding_frame/__init__.py"
 PADDING = "packages/padding/src/niels_gpt/model/padding/__init__.py"
@@ -148,6 +151,7 @@ def test_attention_behind_multi_head_attention_is_recorded(real_repo: RealRepo) 
     assert any(v["rule"] == "runtime.no-sdpa-runtime" for v in oracle), out["violations"]
 
 
+@pytest.mark.smoke
 def test_padding_rebinding_kv_cache_sampling_is_refused(real_repo: RealRepo) -> None:
     """Patching another stage: padding swaps kv_cache's filter_logits (top-k keeps one more)."""
     real_repo.replace(
