@@ -318,8 +318,8 @@ def test_scenarios(session: nox.Session) -> None:
 
     Each test builds a scratch repository of the real stages, commits an
     attack (or an honest change) and asks for a whole ``contracts pr`` verdict,
-    oracle included: about a minute of CPU each, some forty minutes in all on
-    two cores, so they are kept out of ``test-contracts``. ``.ci/run`` runs one
+    oracle included: about a minute of CPU each, some 38 CPU-minutes in all
+    (36 tests), so they are kept out of ``test-contracts``. ``.ci/run`` runs one
     of each kind that decides the gate (``-k`` in its lane); run them all
     before changing the oracle, the sandbox or the source rules.
     """
