@@ -319,9 +319,13 @@ def test_scenarios(session: nox.Session) -> None:
     Each test builds a scratch repository of the real stages, commits an
     attack (or an honest change) and asks for a whole ``contracts pr`` verdict,
     oracle included: about a minute of CPU each, some 38 CPU-minutes in all
-    (36 tests), so they are kept out of ``test-contracts``. ``.ci/run`` runs one
-    of each kind that decides the gate (``-k`` in its lane); run them all
-    before changing the oracle, the sandbox or the source rules.
+    (36 tests), so they are kept out of ``test-contracts``. ``.ci/run`` runs the
+    8 marked ``smoke`` (``-- -m smoke``): the oracle against the base and against
+    the float64 reference, foreign writes, the environment seal and honest
+    controls. The scenarios of ``source.name``, runtime rules inside the
+    oracle's calls and ``tests.weakened`` run only here (``source.name`` also
+    has unit tests in ``test-contracts``); run them all before changing the
+    oracle, the sandbox or the source rules.
     """
     run_dev(
         session,

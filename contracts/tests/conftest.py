@@ -36,8 +36,8 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     config.addinivalue_line(
         "markers",
-        "smoke: the scenarios .ci/run runs (nox -s test-scenarios -- -m smoke): each attack "
-        "kind's check once, the environment seal, an honest control",
+        "smoke: the scenarios .ci/run runs (nox -s test-scenarios -- -m smoke): the oracle, "
+        "foreign writes, the environment seal, honest controls",
     )
 
 
