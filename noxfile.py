@@ -450,6 +450,31 @@ def build_wheels(session: nox.Session, out: Path) -> Path:
     return out
 
 
+def wheel_venv(
+    session: nox.Session, venv: Path, wheels: Path, requirement: str
+) -> tuple[str, dict[str, str]]:
+    """A bare venv at ``venv``, ``requirement`` installed from ``wheels`` with constraints.
+
+    No ensurepip and no byte-compiling of torch's thousands of modules: the
+    session's own pip installs into it (``--python``). Returns the venv's
+    ``python`` and the environment to run it in (its ``bin`` first on ``PATH``,
+    one intra-op thread: the models are tiny and the machine shared).
+    """
+    session.run(sys.executable, "-m", "venv", "--without-pip", str(venv), external=True)
+    bin_dir = _bin_dir(venv)
+    python = str(bin_dir / "python")
+    session.run(
+        "python", "-m", "pip", "--python", python, "install", "--quiet", "--no-compile",
+        "-c", str(CONSTRAINTS), "--find-links", str(wheels), requirement,
+    )  # fmt: skip
+    env = {
+        "PATH": os.pathsep.join((str(bin_dir), os.environ.get("PATH", ""))),
+        "VIRTUAL_ENV": str(venv),
+        "OMP_NUM_THREADS": "1",
+    }
+    return python, env
+
+
 @nox.session(name="test-readmes")
 def test_readmes(session: nox.Session) -> None:
     """Every README's examples, in order, from the wheels its own install lines bring.
@@ -478,7 +503,7 @@ def test_experiments(session: nox.Session) -> None:
     """The experiment as a user gets it: wheels built here, a fresh venv, no source tree.
 
     Builds a wheel of every stage, of the checker (its pytest plugin gives the
-    tests ``--device``) and of ``experiments/``; installs them with
+    tests ``--device``), of ``experiments/`` and of the app (``build_wheels``); installs them with
     ``-c constraints.txt`` into a new venv; checks that every import resolves
     to that venv; runs the experiment's tests there (the 2-process gloo ones
     included) and ``niels-train --quick`` and ``niels-ablate --quick``;
@@ -492,26 +517,9 @@ def test_experiments(session: nox.Session) -> None:
     session.install("-c", str(CONSTRAINTS), "build", "hatchling", "mypy")
     tmp = Path(session.create_tmp()) / "experiments"
     shutil.rmtree(tmp, ignore_errors=True)
-    wheels, venv, work = tmp / "wheels", tmp / "venv", tmp / "work"
-    for project in (*PACKAGES, CONTRACTS, EXPERIMENTS):
-        session.run(
-            "python", "-m", "build", "--wheel", "--no-isolation", "--outdir", str(wheels),
-            str(project), silent=True,
-        )  # fmt: skip
-    # A bare venv, filled by the session's own pip (``--python``): no ensurepip,
-    # no byte-compiling of torch's thousands of modules; both cost time, not coverage.
-    session.run(sys.executable, "-m", "venv", "--without-pip", str(venv), external=True)
+    wheels, venv, work = build_wheels(session, tmp / "wheels"), tmp / "venv", tmp / "work"
+    python, env = wheel_venv(session, venv, wheels, "niels-gpt-experiments[test,plot]")
     bin_dir = _bin_dir(venv)
-    python = str(bin_dir / "python")
-    session.run(
-        "python", "-m", "pip", "--python", python, "install", "--quiet", "--no-compile",
-        "-c", str(CONSTRAINTS), "--find-links", str(wheels), "niels-gpt-experiments[test,plot]",
-    )  # fmt: skip
-    env = {
-        "PATH": os.pathsep.join((str(bin_dir), os.environ.get("PATH", ""))),
-        "VIRTUAL_ENV": str(venv),
-        "OMP_NUM_THREADS": "1",
-    }
     probe = (
         "import sys, torch, niels_gpt.model.gpt as g, niels_gpt.model.block_v0 as b, "
         "niels_gpt_experiments as e\n"
@@ -583,19 +591,8 @@ def test_serve(session: nox.Session) -> None:
     """
     tmp = Path(session.create_tmp()) / "serve"
     shutil.rmtree(tmp, ignore_errors=True)
-    wheels, venv = build_wheels(session, tmp / "wheels"), tmp / "venv"
-    session.run(sys.executable, "-m", "venv", "--without-pip", str(venv), external=True)
-    bin_dir = _bin_dir(venv)
-    python = str(bin_dir / "python")
-    session.run(
-        "python", "-m", "pip", "--python", python, "install", "--quiet", "--no-compile",
-        "-c", str(CONSTRAINTS), "--find-links", str(wheels), "niels-gpt-serve[test]",
-    )  # fmt: skip
-    env = {
-        "PATH": os.pathsep.join((str(bin_dir), os.environ.get("PATH", ""))),
-        "VIRTUAL_ENV": str(venv),
-        "OMP_NUM_THREADS": "1",
-    }
+    wheels = build_wheels(session, tmp / "wheels")
+    python, env = wheel_venv(session, tmp / "venv", wheels, "niels-gpt-serve[test]")
     probe = (
         "import sys, niels_gpt.model.padding as p, niels_gpt_experiments.loading as e, "
         "niels_gpt_serve as s\n"
