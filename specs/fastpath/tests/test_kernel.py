@@ -161,3 +161,32 @@ def test_a_fast_module_is_rope_attention(device: torch.device, T: int, seed: int
     x = torch.randn(2, T, CFG.C, generator=torch.Generator().manual_seed(seed))  # (B, T, C)
     got = attn(x.to(device))  # (B, T, C) through SDPA
     torch.testing.assert_close(got.cpu().double(), _rope_attention64(attn, x), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.invariant("fastpath.kernel_bottom_right")
+@pytest.mark.invariant("fastpath.eval_matches_explicit")
+@given(T=st.integers(2, CFG.T), cut=st.integers(1, CFG.T - 1), seed=st.integers(0, 10**6))
+def test_cached_calls_of_a_fast_module_reach_sdpa_and_are_rope_attention(
+    device: torch.device, T: int, cut: int, seed: int
+) -> None:
+    """3.1: with attention 2.0 a prefill, a one-token step and a chunk through a KV cache
+    all run SDPA, and together they are the whole sequence's RoPE attention."""
+    cut = min(cut, T - 1)  # a prefill of cut tokens, one step, then the rest (maybe none)
+    torch.manual_seed(seed)
+    attn = FastCausalSelfAttention(CFG).to(device).eval()
+    x = torch.randn(2, T, CFG.C, generator=torch.Generator().manual_seed(seed))  # (B, T, C)
+    calls: list[int] = []
+    real = F.scaled_dot_product_attention
+
+    def counted(*args: Any, **kwargs: Any) -> torch.Tensor:
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    attn.kv_cache = KVCache(2, CFG.H, CFG.T, CFG.C // CFG.H, dtype=x.dtype, device=device)
+    pieces = [(0, cut), (cut, cut + 1), (cut + 1, T)]
+    with torch.no_grad(), pytest.MonkeyPatch.context() as patch:
+        patch.setattr(F, "scaled_dot_product_attention", counted)
+        outs = [attn(x[:, a:b].to(device)) for a, b in pieces if b > a]  # (B, b - a, C) each
+    assert len(calls) == len(outs)  # every cached call: SDPA
+    got = torch.cat(outs, dim=1)  # (B, T, C)
+    torch.testing.assert_close(got.cpu().double(), _rope_attention64(attn, x), rtol=1e-4, atol=1e-5)
