@@ -16,7 +16,22 @@ from niels_gpt.checks import check_features, check_like
 from niels_gpt.config import ModelConfig
 from niels_gpt.model.attention import CausalSelfAttention
 
-__all__ = ["MLP", "Block", "init_weights"]
+__all__ = ["MLP", "Block", "check_input", "init_weights"]
+
+
+def check_input(x: torch.Tensor, weight: torch.Tensor, owner: str) -> None:
+    """Require ``x`` of shape ``(B, T, C)`` in ``weight``'s dtype and on its device.
+
+    ``C`` is ``weight.shape[-1]``: a norm's ``(C,)`` weight, or the ``(out, C)``
+    weight of the Linear that reads ``x``. ``owner`` names the module in the
+    message. Nothing is cast: a float64 input to a float32 module is refused.
+
+    Raises:
+        InputError: ``x`` is not 3-D, its last dim is not ``C``, or its dtype or
+            device differ from ``weight``'s; the message names both.
+    """
+    check_features(x, "x", ndim=3, last=weight.shape[-1])
+    check_like(x, "x", weight, owner)
 
 
 class MLP(nn.Module):
@@ -35,11 +50,9 @@ class MLP(nn.Module):
         """Map ``(B, T, C)`` to ``(B, T, C)``.
 
         Raises:
-            InputError: ``x`` is not 3-D, its last dim is not ``C``, or its
-                dtype/device differ from the MLP's parameters.
+            InputError: from ``check_input`` against ``fc``'s ``(F, C)`` weight.
         """
-        check_features(x, "x", ndim=3, last=self.fc.in_features)
-        check_like(x, "x", self.fc.weight, "MLP")
+        check_input(x, self.fc.weight, "MLP")
         h = self.act(self.fc(x))  # (B, T, F)
         out: torch.Tensor = self.proj(h)  # (B, T, C)
         return out
@@ -103,15 +116,12 @@ class Block(nn.Module):
             attention returned: ``(B, H, T, T)``, pre-dropout.
 
         Raises:
-            InputError: ``x`` is not 3-D, its last dim is not the width of
-                ``ln1``'s weight, or its dtype/device differ from that weight's;
-                see also ``CausalSelfAttention.forward``.
+            InputError: from ``check_input`` against ``ln1``'s ``(C,)``
+                weight, or from ``CausalSelfAttention.forward``.
             AttributeError, TypeError: ``ln1`` (from ``make_norm``) has no
                 ``weight``, or one that is not a tensor.
         """
-        weight = _norm_weight(self.ln1)  # (C,)
-        check_features(x, "x", ndim=3, last=weight.shape[0])
-        check_like(x, "x", weight, "block")
+        check_input(x, _norm_weight(self.ln1), "block")
         if return_attn:
             attn_out, probs = self.attn(self.ln1(x), return_attn=True)  # (B, T, C), (B, H, T, T)
         else:
