@@ -1,4 +1,4 @@
-"""Acceptance tests of attention 1.1: per-row positions, a key mask, a KV cache, a kernel.
+"""Acceptance tests of attention 1.1 and 2.0: per-row positions, a key mask, a KV cache, a kernel.
 
 The reference is written from the definitions, independently of the module:
 float64 on the CPU, one token at a time. Every token ``s`` of a row has a RoPE
@@ -311,37 +311,50 @@ def test_a_bad_cache_size_is_refused(device: torch.device) -> None:
         KVCache(1, 1, 1, 2, dtype=torch.int64, device=device)
 
 
-@pytest.mark.invariant("attention.kernel_plain_only")
+@pytest.mark.invariant("attention.kernel_without_probs_or_mask")
 @pytest.mark.parametrize("training", [False, True])
-def test_a_kernel_serves_plain_causal_calls_only(device: torch.device, training: bool) -> None:
+def test_a_kernel_serves_every_call_without_probabilities_or_a_key_mask(
+    device: torch.device, training: bool
+) -> None:
+    """2.0: plain and cached calls reach the kernel, with the cache's (B, H, p + T, D) k, v."""
     cfg = ModelConfig(V=8, T=7, C=12, H=3, d_ff=8, dropout=0.25, rope_theta=90.0)
-    attn = _module(cfg, device, torch.float64, 5).train(training)
+    attn = _module(cfg, device, torch.float64, 5)
     x = torch.randn(2, 7, cfg.C, dtype=torch.float64, device=device)  # (B, T, C)
-    seen: list[tuple[float, float]] = []
+    seen: list[tuple[int, int, float, float]] = []
 
     def causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: float, s: float) -> Any:
-        """A reference causal kernel: no dropout, so the rate is only recorded."""
-        seen.append((p, s))
-        scores = (q @ k.transpose(-2, -1)) * s  # (B, H, T, T)
-        hidden = ~torch.ones(7, 7, dtype=torch.bool, device=device).tril()
+        """A reference kernel, causal from the bottom right; no dropout, the rate is recorded."""
+        T, S = q.shape[-2], k.shape[-2]
+        seen.append((T, S, p, s))
+        scores = (q @ k.transpose(-2, -1)) * s  # (B, H, T, S)
+        hidden = ~torch.ones(T, S, dtype=torch.bool, device=device).tril(S - T)  # (T, S)
         return torch.softmax(scores.masked_fill(hidden, -math.inf), dim=-1) @ v
 
+    def chunks() -> torch.Tensor:
+        """The sequence through a fresh cache in chunks of 3, 1 and 3: ``(B, T, C)``."""
+        attn.kv_cache = KVCache(2, cfg.H, 7, 4, dtype=torch.float64, device=device)
+        out = torch.cat([attn(x[:, :3]), attn(x[:, 3:4]), attn(x[:, 4:])], dim=1)  # (B, 7, C)
+        del attn.kv_cache
+        return out
+
     attn.eval()
-    plain = attn(x)  # (B, T, C)
+    plain, cached = attn(x), chunks()  # (B, T, C) each: the explicit core
     attn.kernel = causal
     attn.train(training)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        got = attn(x)
-    assert seen == [(0.25 if training else 0.0, 1 / math.sqrt(cfg.C // cfg.H))]
-    if not training:  # the kernel got the module's rotated q, k and its v
+        got, got_cached = attn(x), chunks()
+    rate, scale = (0.25 if training else 0.0), 1 / math.sqrt(cfg.C // cfg.H)
+    assert seen == [(T, S, rate, scale) for T, S in [(7, 7), (3, 3), (1, 4), (3, 7)]]
+    if not training:  # the kernel got the module's rotated q, k and its v, the cache's rows
         torch.testing.assert_close(got, plain, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(got_cached, cached, rtol=1e-12, atol=1e-12)
     attn(x, return_attn=True)
     attn(x, key_mask=torch.ones(2, 7, dtype=torch.bool, device=device))
     attn.kv_cache = KVCache(2, cfg.H, 7, 4, dtype=torch.float64, device=device)
-    attn(x[:, :3])
-    attn(x[:, 3:])
-    assert len(seen) == 1  # probabilities, a key mask or a cache: the explicit core
+    attn(x[:, :3], return_attn=True)
+    attn(x[:, 3:], key_mask=torch.ones(2, 7, dtype=torch.bool, device=device))
+    assert len(seen) == 4  # probabilities or a key mask, cached or not: the explicit core
 
 
 @pytest.mark.invariant("attention.positions_rotate")

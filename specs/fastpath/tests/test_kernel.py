@@ -1,10 +1,11 @@
-"""Acceptance tests of fastpath 2.0: SDPA is a kernel of the one attention, nothing more.
+"""Acceptance tests of fastpath 2.0 and 3.0: SDPA is a kernel of the one attention, nothing more.
 
 ``use_fast_attention`` sets each attention module's ``kernel`` and changes
-nothing else; the attention stage decides where a kernel may serve (plain
-causal calls), so a fast model's calls with probabilities, a key mask or a KV
-cache never reach SDPA. ``sdpa_kernel`` is checked against a float64 causal
-attention written from the definition.
+nothing else; the attention stage decides where a kernel may serve, and a fast
+model's calls with probabilities or a key mask never reach SDPA. ``sdpa_kernel``
+is checked against a float64 causal attention written from the definition,
+with as many keys as queries (2.0) and with more, as a KV cache hands them
+over (3.0: query ``i`` of ``T`` sees keys ``0 .. S - T + i`` of ``S``).
 """
 
 from __future__ import annotations
@@ -32,13 +33,17 @@ CFG = ModelConfig(V=23, T=12, C=16, L=2, H=2, d_ff=20, dropout=0.0, rope_theta=3
 
 
 def _causal64(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-    """softmax over keys 0..i of (q_i . k_j) * scale, then the weighted v: float64, CPU."""
+    """softmax over keys 0..S-T+i of (q_i . k_j) * scale, then the weighted v: float64, CPU.
+
+    ``q`` is ``(..., T, D)``, ``k`` and ``v`` ``(..., S, D)`` with ``S >= T``.
+    """
     q, k, v = (t.detach().cpu().double() for t in (q, k, v))
-    T = q.shape[-2]
+    T, p = q.shape[-2], k.shape[-2] - q.shape[-2]
     out = torch.zeros_like(q)
     for i in range(T):
-        w = torch.softmax((q[..., i : i + 1, :] @ k[..., : i + 1, :].transpose(-2, -1)) * scale, -1)
-        out[..., i, :] = (w @ v[..., : i + 1, :])[..., 0, :]
+        seen = p + i + 1  # keys 0 .. p + i
+        w = torch.softmax((q[..., i : i + 1, :] @ k[..., :seen, :].transpose(-2, -1)) * scale, -1)
+        out[..., i, :] = (w @ v[..., :seen, :])[..., 0, :]
     return out
 
 
@@ -54,6 +59,34 @@ def test_the_sdpa_kernel_is_causal_attention(
         torch.testing.assert_close(
             got.cpu().double(), _causal64(q, k, v, scale), rtol=1e-4, atol=1e-5
         )
+
+
+@pytest.mark.invariant("fastpath.kernel_bottom_right")
+@given(
+    T=st.integers(1, 6),
+    p=st.integers(1, 9),
+    D=st.sampled_from([2, 4, 8]),
+    dtype=st.sampled_from([torch.float32, torch.float64]),
+    seed=st.integers(0, 10**6),
+)
+def test_the_sdpa_kernel_with_cached_keys_is_causal_from_the_bottom_right(
+    device: torch.device, T: int, p: int, D: int, dtype: torch.dtype, seed: int
+) -> None:
+    """3.0: ``T`` queries after ``p`` cached positions see keys ``0 .. p + i``."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(2, 3, T, D, generator=gen, dtype=dtype)  # (B, H, T, D)
+    k, v = (torch.randn(2, 3, p + T, D, generator=gen, dtype=dtype) for _ in range(2))
+    tol = {torch.float32: (1e-4, 1e-5), torch.float64: (1e-10, 1e-12)}[dtype]
+    scale = 1 / math.sqrt(D)
+    got = sdpa_kernel(q.to(device), k.to(device), v.to(device), 0.0, scale)  # (B, H, T, D)
+    assert got.shape == q.shape and got.dtype == dtype
+    want = _causal64(q, k, v, scale)  # (B, H, T, D)
+    torch.testing.assert_close(got.cpu().double(), want, rtol=tol[0], atol=tol[1])
+    # the last key is visible to the last query only when T > 1: changing it moves that row
+    k2 = k.clone()
+    k2[..., -1, :] += 3.0
+    moved = sdpa_kernel(q.to(device), k2.to(device), v.to(device), 0.0, scale).cpu()
+    assert torch.equal(moved[..., :-1, :], got.cpu()[..., :-1, :])
 
 
 @pytest.mark.invariant("fastpath.kernel_one_place")
@@ -72,7 +105,7 @@ def test_the_switch_sets_the_kernel_and_nothing_else(device: torch.device) -> No
 
 
 @pytest.mark.invariant("fastpath.kernel_one_place")
-def test_only_plain_causal_calls_reach_sdpa(
+def test_calls_with_probabilities_or_a_key_mask_never_reach_sdpa(
     device: torch.device, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     attn = FastCausalSelfAttention(CFG).to(device).eval()
@@ -90,9 +123,9 @@ def test_only_plain_causal_calls_reach_sdpa(
     attn(x, return_attn=True)
     attn(x, key_mask=torch.ones(2, 6, dtype=torch.bool, device=device))
     attn.kv_cache = KVCache(2, CFG.H, CFG.T, CFG.C // CFG.H, dtype=x.dtype, device=device)
-    attn(x[:, :4])
-    attn(x[:, 4:])
-    assert calls == [1]  # probabilities, a key mask or a cache: the explicit core
+    attn(x[:, :4], return_attn=True)
+    attn(x[:, 4:], key_mask=torch.ones(2, 6, dtype=torch.bool, device=device))
+    assert calls == [1]  # probabilities or a key mask, cached or not: the explicit core
 
 
 def _rope_attention64(attn: CausalSelfAttention, x: torch.Tensor) -> torch.Tensor:
@@ -127,4 +160,33 @@ def test_a_fast_module_is_rope_attention(device: torch.device, T: int, seed: int
     attn = FastCausalSelfAttention(CFG).to(device).eval()
     x = torch.randn(2, T, CFG.C, generator=torch.Generator().manual_seed(seed))  # (B, T, C)
     got = attn(x.to(device))  # (B, T, C) through SDPA
+    torch.testing.assert_close(got.cpu().double(), _rope_attention64(attn, x), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.invariant("fastpath.kernel_bottom_right")
+@pytest.mark.invariant("fastpath.eval_matches_explicit")
+@given(T=st.integers(2, CFG.T), cut=st.integers(1, CFG.T - 1), seed=st.integers(0, 10**6))
+def test_cached_calls_of_a_fast_module_reach_sdpa_and_are_rope_attention(
+    device: torch.device, T: int, cut: int, seed: int
+) -> None:
+    """3.1: with attention 2.0 a prefill, a one-token step and a chunk through a KV cache
+    all run SDPA, and together they are the whole sequence's RoPE attention."""
+    cut = min(cut, T - 1)  # a prefill of cut tokens, one step, then the rest (maybe none)
+    torch.manual_seed(seed)
+    attn = FastCausalSelfAttention(CFG).to(device).eval()
+    x = torch.randn(2, T, CFG.C, generator=torch.Generator().manual_seed(seed))  # (B, T, C)
+    calls: list[int] = []
+    real = F.scaled_dot_product_attention
+
+    def counted(*args: Any, **kwargs: Any) -> torch.Tensor:
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    attn.kv_cache = KVCache(2, CFG.H, CFG.T, CFG.C // CFG.H, dtype=x.dtype, device=device)
+    pieces = [(0, cut), (cut, cut + 1), (cut + 1, T)]
+    with torch.no_grad(), pytest.MonkeyPatch.context() as patch:
+        patch.setattr(F, "scaled_dot_product_attention", counted)
+        outs = [attn(x[:, a:b].to(device)) for a, b in pieces if b > a]  # (B, b - a, C) each
+    assert len(calls) == len(outs)  # every cached call: SDPA
+    got = torch.cat(outs, dim=1)  # (B, T, C)
     torch.testing.assert_close(got.cpu().double(), _rope_attention64(attn, x), rtol=1e-4, atol=1e-5)

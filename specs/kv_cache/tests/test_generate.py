@@ -24,7 +24,13 @@ from niels_gpt.config import ModelConfig
 from niels_gpt.model.attention import CausalSelfAttention
 from niels_gpt.model.fastpath import sdpa_kernel, use_fast_attention
 from niels_gpt.model.gpt import GPT
-from niels_gpt.model.kv_cache import KVCacheAttention, drop_kv_cache, generate, use_kv_cache
+from niels_gpt.model.kv_cache import (
+    KVCacheAttention,
+    check_generator,
+    drop_kv_cache,
+    generate,
+    use_kv_cache,
+)
 
 Tol = Callable[[torch.dtype], dict[str, float]]
 Randomise = Callable[[torch.nn.Module, int], None]
@@ -708,3 +714,72 @@ def test_the_generator_must_live_on_the_models_device(
             generate(model, prompt, 2, generator=torch.Generator())
     with pytest.raises(InputError):
         generate(model, prompt, 2, generator=torch.Generator(device=device).get_state())  # type: ignore[arg-type]
+
+
+# --- 4.0: per-row generators, inference mode -------------------------------------------
+
+
+@pytest.mark.invariant("kv_cache.per_row_generators")
+def test_a_generator_list_draws_each_row_from_its_own(
+    device: torch.device, float_dtypes: tuple[torch.dtype, ...], randomise: Randomise
+) -> None:
+    """Row b of a batch with generator[b] is row b generated alone with that generator."""
+    cfg = ModelConfig(V=30, T=12, C=16, L=2, H=2, d_ff=12, dropout=0.0)
+    model = _model(cfg, device, float_dtypes[-1], randomise, 4)
+    prompt = _tokens(cfg, 3, 4, 2, device)  # (3, 4)
+    knobs: dict[str, Any] = {"temperature": 0.9, "top_k": 12, "top_p": 0.95}
+    seeds = (5, 6, 7)
+    got = generate(model, prompt, 7, **knobs, generator=[_generator(device, s) for s in seeds])
+    assert isinstance(got, torch.Tensor) and got.shape == (3, 11)
+    for b, seed in enumerate(seeds):
+        alone = generate(model, prompt[b : b + 1], 7, **knobs, generator=_generator(device, seed))
+        assert torch.equal(got[b : b + 1], alone)
+    gens = tuple(_generator(device, s) for s in seeds)
+    assert torch.equal(generate(model, prompt, 7, **knobs, generator=gens), got)  # a tuple too
+    if device.type == "cpu":  # one generator shared by every row: drawn row 0 first
+        shared = _generator(device, 9)
+        rows = generate(model, prompt, 7, generator=[shared] * 3)
+        assert torch.equal(rows, generate(model, prompt, 7, generator=_generator(device, 9)))
+
+
+@pytest.mark.invariant("kv_cache.per_row_generators")
+@pytest.mark.invariant("kv_cache.rejects_bad_input")
+def test_a_bad_generator_list_is_refused_before_any_forward(
+    device: torch.device, randomise: Randomise
+) -> None:
+    cfg = ModelConfig(V=20, T=10, C=8, L=1, H=2, d_ff=8, dropout=0.0)
+    model = _model(cfg, device, torch.float32, randomise, 1)
+    prompt = _tokens(cfg, 2, 3, 1, device)  # (2, 3)
+    calls: list[int] = []
+    model.register_forward_pre_hook(lambda *_: calls.append(1))
+    for bad in ([_generator(device, 1)], [_generator(device, 1)] * 3, [_generator(device, 1), 3]):
+        with pytest.raises(InputError, match="generator"):
+            generate(model, prompt, 2, generator=bad)  # type: ignore[arg-type]
+        with pytest.raises(InputError, match="generator"):
+            check_generator(bad, 2, device)
+    assert calls == []
+    one = _generator(device, 1)
+    for good in (None, one, [one, _generator(device, 2)], (one, one)):
+        assert check_generator(good, 2, device) is None
+
+
+@pytest.mark.invariant("kv_cache.inference_mode")
+@pytest.mark.invariant("kv_cache.output_contract")
+def test_generate_decodes_in_inference_mode_and_returns_ordinary_tensors(
+    device: torch.device, randomise: Randomise
+) -> None:
+    cfg = ModelConfig(V=20, T=10, C=8, L=2, H=2, d_ff=8, dropout=0.0)
+    model = _model(cfg, device, torch.float32, randomise, 3)
+    prompt = _tokens(cfg, 2, 3, 1, device)  # (2, 3)
+    modes: list[bool] = []
+    hook = model.blocks[0].register_forward_pre_hook(  # the traced steps call no GPT hook
+        lambda *_: modes.append(torch.is_inference_mode_enabled())
+    )
+    ids, traces = generate(model, prompt, 4, temperature=0.0, trace_layer=1)
+    hook.remove()
+    assert modes == [True] * 4  # the prefill and three one-token steps
+    assert not ids.is_inference() and not any(tr.is_inference() for tr in traces)
+    model.train()
+    loss = model(ids).logsumexp(-1).mean()  # generated ids as a training batch
+    loss.backward()
+    assert model.tok_emb.weight.grad is not None

@@ -818,3 +818,30 @@ def test_generators_must_live_on_the_models_device(
             generate(model, prompt, mask, 2, generator=[torch.Generator(), torch.Generator()])
         with pytest.raises(InputError):
             generate(model, prompt, mask, 2, generator=torch.Generator())
+
+
+@pytest.mark.invariant("padding.rejects_bad_input")
+@pytest.mark.invariant("padding.leaves_model")
+def test_generate_puts_no_hook_on_the_model_before_its_checks(
+    device: torch.device, randomise: Randomise, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """3.1: generate may run kv_cache.generate inside the frame's hooks; a call its own checks
+    refuse gets none of them. Here the padded width plus the new tokens pass cfg.T while
+    the real prompts are short, and a generator list has the wrong length."""
+    cfg = ModelConfig(V=11, T=8, C=8, L=1, H=2, d_ff=8, dropout=0.0)
+    model = _model(cfg, device, torch.float32, randomise, 0)
+    prompt = _tokens(cfg, 2, 5, 0, device)  # (2, 5)
+    mask = _mask([3, 3], 5, device)  # real prompts of 2 tokens: 2 + 4 <= 8, but 5 + 4 > 8
+    hooked: list[str] = []
+    real = torch.nn.Module.register_forward_pre_hook
+
+    def spy(module: torch.nn.Module, *args: Any, **kw: Any) -> Any:
+        hooked.append(type(module).__name__)
+        return real(module, *args, **kw)
+
+    monkeypatch.setattr(torch.nn.Module, "register_forward_pre_hook", spy)
+    with pytest.raises(InputError, match=r"cfg\.T"):
+        generate(model, prompt, mask, 4, temperature=0.0)
+    with pytest.raises(InputError, match="generator"):
+        generate(model, prompt, mask, 2, generator=[_generator(device, 1)])
+    assert hooked == []

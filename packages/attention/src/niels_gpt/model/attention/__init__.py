@@ -17,10 +17,12 @@ keyword arguments and one attribute extend it without changing it:
   rotated keys and values are appended at rows ``[p, p+T)`` and the queries
   attend over rows ``[0, p+T)``. A module holds no cache until one is set.
 - ``kernel``, an attribute (``None``: the explicit core below): a fused causal
-  kernel another stage provides. It is chosen in one place, ``_core``, and only
-  for a plain causal call (no probabilities, key mask or cache); everything
-  else runs the explicit core, which this module writes without
-  ``scaled_dot_product_attention`` so its probabilities can be returned.
+  kernel another stage provides. It is chosen in one place, ``_core``, for
+  every call without probabilities or a key mask, cached calls included (it
+  then gets the cache's ``(B, H, m, D)`` keys and values, causal from the
+  bottom right); the others run the explicit core, which this module writes
+  without ``scaled_dot_product_attention`` so its probabilities can be
+  returned.
 
 RoPE is reached through the module object (``rope.apply_rope``) so tests can
 monkeypatch it.
@@ -51,9 +53,10 @@ from niels_gpt.model._attention_call import KVCache, check_call, rotate_at, rota
 
 __all__ = ["AttentionKernel", "CausalSelfAttention", "KVCache", "rotate_rows"]
 
-#: ``kernel(q, k, v, dropout_p, scale)``: causal attention of rotated ``(B, H, T, D)``
-#: q, k, v (query ``i`` sees keys ``0..i``), dropout ``dropout_p`` on the
-#: probabilities; returns ``(B, H, T, D)``.
+#: ``kernel(q, k, v, dropout_p, scale)``: causal attention of rotated q ``(B, H, T, D)``
+#: and k, v ``(B, H, m, D)``, ``m = p + T >= T`` (``p`` cached positions first):
+#: query ``i`` sees keys ``0 .. p + i`` (bottom-right aligned), dropout
+#: ``dropout_p`` on the probabilities; returns ``(B, H, T, D)``.
 AttentionKernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float, float], torch.Tensor]
 
 
@@ -75,7 +78,7 @@ class CausalSelfAttention(nn.Module):
     Attributes a caller may set (neither is saved in ``state_dict``):
 
     - ``kernel``: ``None`` (the explicit core, how a module starts) or an
-      ``AttentionKernel`` for plain causal calls.
+      ``AttentionKernel`` for calls without probabilities or a key mask.
     - ``kv_cache``: absent until a caller sets up a ``KVCache``; ``None`` or
       deleting it drops it again.
 
@@ -191,7 +194,7 @@ class CausalSelfAttention(nn.Module):
         q, k = q_rot.to(v.dtype), k_rot.to(v.dtype)  # (B, H, T, D) in the activation dtype
         if cache is not None:
             k, v = cache.append(k, v)  # (B, H, p + T, D) each, views of the cache
-        plain = cache is None and key_mask is None  # a kernel may serve it
+        plain = key_mask is None  # a kernel may serve it, through the cache or not
         out, probs = self._core(q, k, v, p, key_mask, return_attn, plain)  # (B, T, H, D)
         y: torch.Tensor = self.resid_dropout(self.proj(out.view(B, T, C)))  # (B, T, C)
         if probs is not None:  # exactly when return_attn is true
@@ -204,9 +207,11 @@ class CausalSelfAttention(nn.Module):
         """``(q, k, sin, cos)`` for ``rope.apply_rope``, all in ``_rope_dtype``.
 
         ``q``, ``k``: ``(B, H, T, D)``. Every ``.to`` is a no-op in a float32 or
-        float64 module outside autocast.
+        float64 module outside autocast, and then skipped.
         """
         work = _rope_dtype(q.dtype, self.rope_sin.dtype)
+        if q.dtype == work and self.rope_sin.dtype == work:
+            return q, k, self.rope_sin, self.rope_cos  # nothing to cast
         return (
             q.to(work),  # (B, H, T, D)
             k.to(work),  # (B, H, T, D)
@@ -224,9 +229,9 @@ class CausalSelfAttention(nn.Module):
         return_attn: bool,
         plain: bool,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The one place a kernel is chosen: ``self.kernel`` for a plain causal call (no
-        cache, key mask or probabilities), else the explicit ``_attend``, whose
-        ``(out, probs)`` it returns."""
+        """The one place a kernel is chosen: ``self.kernel`` for a call without a key mask
+        or probabilities (``plain``: no key mask; ``k``, ``v`` hold ``p + T`` rows),
+        else the explicit ``_attend``, whose ``(out, probs)`` it returns."""
         kernel = self.kernel
         if kernel is None or return_attn or not plain:
             return self._attend(q, k, v, p, key_mask, return_attn=return_attn)

@@ -6,18 +6,17 @@ Shape notation::
 
 This is the seed path ``niels_gpt/model/blocks.py`` at its latest stage.
 ``CausalSelfAttention`` is re-exported unchanged from the attention stage; the
-v0 block (LayerNorm + GELU) stays importable as ``niels_gpt.model.block_v0``.
+v0 block (LayerNorm + GELU) stays importable as ``niels_gpt.model.block_v0``,
+and the v1 ``Block`` is that block with other parts (its builders overridden).
 """
 
 from __future__ import annotations
-
-from typing import Literal, overload
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from niels_gpt.checks import InputError, check_features, check_like
+from niels_gpt.checks import InputError, check_like
 from niels_gpt.config import ModelConfig
 from niels_gpt.model import block_v0
 from niels_gpt.model.attention import CausalSelfAttention
@@ -79,11 +78,10 @@ class MLP(nn.Module):
         """Map ``(B, T, C)`` to ``(B, T, C)``.
 
         Raises:
-            InputError: ``x`` is not 3-D, its last dim is not ``C``, or its
-                dtype/device differ from the MLP's parameters.
+            InputError: from ``block_v0.check_input`` against ``w_a``'s
+                ``(F, C)`` weight.
         """
-        check_features(x, "x", ndim=3, last=self.w_a.in_features)
-        check_like(x, "x", self.w_a.weight, "MLP")
+        block_v0.check_input(x, self.w_a.weight, "MLP")
         a = self.w_a(x)  # (B, T, F)
         g = self.w_g(x)  # (B, T, F)
         h = F.silu(g) * a  # (B, T, F)
@@ -91,62 +89,26 @@ class MLP(nn.Module):
         return out
 
 
-class Block(nn.Module):
+class Block(block_v0.Block):
     """Pre-norm residual block v1, one dropout shared by both branches::
 
         x = x + dropout(attn(ln1(x)))
         x = x + dropout(mlp(ln2(x)))
 
-    ``ln1``/``ln2`` are ``RMSNorm(C, eps=1e-5)``; ``mlp`` is the SwiGLU ``MLP``.
+    The v0 block's wiring, input checks and construction order, with other
+    parts: ``ln1``/``ln2`` are ``RMSNorm(C, eps=1e-5)``; ``mlp`` is the SwiGLU
+    ``MLP``. Input and output are ``(B, T, C)``; ``forward(x, return_attn=True)``
+    also returns the attention's own ``(B, H, T, T)`` pre-dropout
+    probabilities. Bad input raises ``InputError`` (see ``block_v0.Block``).
     """
 
-    def __init__(self, cfg: ModelConfig) -> None:
-        super().__init__()
-        self.ln1 = RMSNorm(cfg.C, eps=1e-5)
-        self.attn = CausalSelfAttention(cfg)
-        self.ln2 = RMSNorm(cfg.C, eps=1e-5)
-        self.mlp = MLP(cfg)
-        self.dropout = nn.Dropout(cfg.dropout)
+    def make_norm(self, cfg: ModelConfig) -> nn.Module:
+        """One of the two norms, ``(B, T, C) -> (B, T, C)``: ``RMSNorm(C, eps=1e-5)``."""
+        return RMSNorm(cfg.C, eps=1e-5)
 
-    # Typed views of the one forward below: the flag decides the return type.
-    @overload
-    def forward(self, x: torch.Tensor, *, return_attn: Literal[False] = False) -> torch.Tensor: ...
-    @overload
-    def forward(
-        self, x: torch.Tensor, *, return_attn: Literal[True]
-    ) -> tuple[torch.Tensor, torch.Tensor]: ...
-    @overload
-    def forward(
-        self, x: torch.Tensor, *, return_attn: bool = False
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]: ...
-
-    def forward(
-        self,
-        x: torch.Tensor,
-        *,
-        return_attn: bool = False,
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """Run one block on ``x`` of shape ``(B, T, C)``.
-
-        Returns:
-            ``x`` of shape ``(B, T, C)``, or ``(x, attn_probs)`` with
-            ``return_attn=True``: the attention's own ``(B, H, T, T)``
-            pre-dropout probabilities.
-
-        Raises:
-            InputError: see ``CausalSelfAttention.forward``.
-        """
-        check_features(x, "x", ndim=3, last=self.ln1.dim)
-        check_like(x, "x", self.ln1.weight, "block")
-        if return_attn:
-            attn_out, probs = self.attn(self.ln1(x), return_attn=True)  # (B, T, C), (B, H, T, T)
-        else:
-            attn_out, probs = self.attn(self.ln1(x)), None  # (B, T, C)
-        x = x + self.dropout(attn_out)  # (B, T, C)
-        x = x + self.dropout(self.mlp(self.ln2(x)))  # (B, T, C)
-        if probs is not None:
-            return x, probs
-        return x
+    def make_mlp(self, cfg: ModelConfig) -> nn.Module:
+        """The MLP, ``(B, T, C) -> (B, T, C)``: the SwiGLU ``MLP``."""
+        return MLP(cfg)
 
 
 @torch.no_grad()

@@ -16,7 +16,22 @@ from niels_gpt.checks import check_features, check_like
 from niels_gpt.config import ModelConfig
 from niels_gpt.model.attention import CausalSelfAttention
 
-__all__ = ["MLP", "Block", "init_weights"]
+__all__ = ["MLP", "Block", "check_input", "init_weights"]
+
+
+def check_input(x: torch.Tensor, weight: torch.Tensor, owner: str) -> None:
+    """Require ``x`` of shape ``(B, T, C)`` in ``weight``'s dtype and on its device.
+
+    ``C`` is ``weight.shape[-1]``: a norm's ``(C,)`` weight, or the ``(out, C)``
+    weight of the Linear that reads ``x``. ``owner`` names the module in the
+    message. Nothing is cast: a float64 input to a float32 module is refused.
+
+    Raises:
+        InputError: ``x`` is not 3-D, its last dim is not ``C``, or its dtype or
+            device differ from ``weight``'s; the message names both.
+    """
+    check_features(x, "x", ndim=3, last=weight.shape[-1])
+    check_like(x, "x", weight, owner)
 
 
 class MLP(nn.Module):
@@ -35,11 +50,9 @@ class MLP(nn.Module):
         """Map ``(B, T, C)`` to ``(B, T, C)``.
 
         Raises:
-            InputError: ``x`` is not 3-D, its last dim is not ``C``, or its
-                dtype/device differ from the MLP's parameters.
+            InputError: from ``check_input`` against ``fc``'s ``(F, C)`` weight.
         """
-        check_features(x, "x", ndim=3, last=self.fc.in_features)
-        check_like(x, "x", self.fc.weight, "MLP")
+        check_input(x, self.fc.weight, "MLP")
         h = self.act(self.fc(x))  # (B, T, F)
         out: torch.Tensor = self.proj(h)  # (B, T, C)
         return out
@@ -50,15 +63,32 @@ class Block(nn.Module):
 
     x = x + dropout(attn(ln1(x)))
     x = x + dropout(mlp(ln2(x)))
+
+    The constructor builds ``ln1``, ``attn``, ``ln2``, ``mlp`` and ``dropout``
+    in that order, the norms through ``make_norm`` and the MLP through
+    ``make_mlp``. A subclass that overrides only those two (v1: RMSNorm and
+    SwiGLU) keeps this wiring, its input checks and its order of seeded draws.
     """
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.ln1 = nn.LayerNorm(cfg.C, eps=1e-5)
+        self.ln1 = self.make_norm(cfg)
         self.attn = CausalSelfAttention(cfg)
-        self.ln2 = nn.LayerNorm(cfg.C, eps=1e-5)
-        self.mlp = MLP(cfg)
+        self.ln2 = self.make_norm(cfg)
+        self.mlp = self.make_mlp(cfg)
         self.dropout = nn.Dropout(cfg.dropout)
+
+    def make_norm(self, cfg: ModelConfig) -> nn.Module:
+        """One of the two norms, ``(B, T, C) -> (B, T, C)``: ``LayerNorm(C, eps=1e-5)``.
+
+        An override must return a module with a ``(C,)`` ``weight`` (the input
+        checks read it) and draw its weights as it is built.
+        """
+        return nn.LayerNorm(cfg.C, eps=1e-5)
+
+    def make_mlp(self, cfg: ModelConfig) -> nn.Module:
+        """The MLP, ``(B, T, C) -> (B, T, C)``: the GELU ``MLP`` of this module."""
+        return MLP(cfg)
 
     # Typed views of the one forward below: the flag decides the return type.
     @overload
@@ -86,10 +116,12 @@ class Block(nn.Module):
             attention returned: ``(B, H, T, T)``, pre-dropout.
 
         Raises:
-            InputError: see ``CausalSelfAttention.forward``.
+            InputError: from ``check_input`` against ``ln1``'s ``(C,)``
+                weight, or from ``CausalSelfAttention.forward``.
+            AttributeError, TypeError: ``ln1`` (from ``make_norm``) has no
+                ``weight``, or one that is not a tensor.
         """
-        check_features(x, "x", ndim=3, last=self.ln1.normalized_shape[0])
-        check_like(x, "x", self.ln1.weight, "block")
+        check_input(x, _norm_weight(self.ln1), "block")
         if return_attn:
             attn_out, probs = self.attn(self.ln1(x), return_attn=True)  # (B, T, C), (B, H, T, T)
         else:
@@ -99,6 +131,19 @@ class Block(nn.Module):
         if probs is not None:
             return x, probs
         return x
+
+
+def _norm_weight(norm: nn.Module) -> torch.Tensor:
+    """The ``(C,)`` weight of a block's norm (LayerNorm and RMSNorm both have one).
+
+    Raises:
+        AttributeError: ``norm`` has no ``weight``.
+        TypeError: its ``weight`` is not a tensor (``None``: a norm without one).
+    """
+    weight = norm.weight  # (C,)
+    if not isinstance(weight, torch.Tensor):
+        raise TypeError(f"a block's norm needs a (C,) weight tensor, got {type(weight).__name__}")
+    return weight
 
 
 @torch.no_grad()

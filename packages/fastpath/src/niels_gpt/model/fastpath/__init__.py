@@ -2,15 +2,16 @@
 
 Shape notation::
 
-    B: batch, T: sequence length (<= cfg.T), H: heads, D = C // H
+    B: batch, T: queries in a call (<= cfg.T), S >= T: keys it sees (p cached
+    ones, then its own T), H: heads, D = C // H
 
 The attention stage chooses a module's kernel in one place: ``module.kernel``
-(``None``: its explicit core) serves a plain causal call, one with no
-probabilities, no key mask and no KV cache; every other call runs the explicit
-core. This stage provides ``sdpa_kernel``, the one place the fused
-``torch.nn.functional.scaled_dot_product_attention`` is called (causal, the
-same ``1/sqrt(D)`` scale, the module's attention dropout rate in training), and
-sets it as the kernel of attention modules. Nothing else changes: the same
+(``None``: its explicit core) serves a call with no probabilities and no key
+mask, through a KV cache or not; every other call runs the explicit core. This
+stage provides ``sdpa_kernel``, the one place the fused
+``torch.nn.functional.scaled_dot_product_attention`` is called (causal from the
+bottom right, the same ``1/sqrt(D)`` scale, the module's attention dropout
+rate in training), and sets it as the kernel of attention modules. Nothing else changes: the same
 module objects, classes, parameters, buffers and ``state_dict``; RoPE, the
 projections, the residual dropout and every precision choice are the
 attention stage's code, so traces are exactly the explicit path's.
@@ -31,14 +32,29 @@ __all__ = ["FastCausalSelfAttention", "sdpa_kernel", "use_explicit_attention", "
 def sdpa_kernel(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float, scale: float
 ) -> torch.Tensor:
-    """Causal attention of rotated ``(B, H, T, D)`` q, k, v through SDPA; ``(B, H, T, D)``.
+    """Causal attention of rotated q ``(B, H, T, D)`` and k, v ``(B, H, S, D)`` through SDPA.
 
-    The attention stage's ``AttentionKernel``: query ``i`` sees keys ``0..i``,
-    scores are scaled by ``scale`` and ``dropout_p`` drops probabilities.
+    The attention stage's ``AttentionKernel``: with ``S >= T`` keys (``S - T``
+    of them cached), query ``i`` sees keys ``0 .. S - T + i``; scores are
+    scaled by ``scale`` and ``dropout_p`` drops probabilities. Returns
+    ``(B, H, T, D)``. ``S == T`` is SDPA's own causal mask, ``T == 1`` needs
+    none (the one query sees every key), anything else gets the bottom-right
+    aligned lower-triangular ``(T, S)`` mask.
+
+    Raises:
+        ValueError: fewer keys than queries (``S < T``).
     """
+    T, S = q.shape[-2], k.shape[-2]
+    if S == T:
+        return F.scaled_dot_product_attention(
+            q, k, v, dropout_p=dropout_p, is_causal=True, scale=scale
+        )  # (B, H, T, D)
+    if S < T:
+        raise ValueError(f"sdpa_kernel needs at least as many keys as queries ({T}), got {S}")
+    visible = None if T == 1 else torch.ones(T, S, dtype=torch.bool, device=q.device).tril(S - T)
     return F.scaled_dot_product_attention(
-        q, k, v, dropout_p=dropout_p, is_causal=True, scale=scale
-    )  # (B, H, T, D)
+        q, k, v, attn_mask=visible, dropout_p=dropout_p, scale=scale
+    )  # (B, H, T, D); visible: None or (T, S), True = seen
 
 
 class FastCausalSelfAttention(CausalSelfAttention):

@@ -10,19 +10,21 @@ touches the model. The order of the filters is fixed: divide by the
 temperature, keep the top-k entries (ties at the k-th value included), then the
 shortest most-probable prefix whose mass reaches top-p. The draw is pinned to
 ``torch.multinomial`` on the softmax of the filtered logits, one call for all
-rows, so a seeded generator reproduces a run exactly.
+rows (or, with a generator a row, one call a row in row order), so seeded
+generators reproduce a run exactly.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 
 from niels_gpt.checks import InputError
 from niels_gpt.model.gpt import GPT
 
-__all__ = ["check_generate_args", "check_knobs", "choose_next", "filter_logits"]
+__all__ = ["check_generate_args", "check_generator", "check_knobs", "choose_next", "filter_logits"]
 
 NEG_INF = float("-inf")
 
@@ -147,21 +149,29 @@ def choose_next(
     temperature: float,
     top_k: int | None,
     top_p: float | None,
-    generator: torch.Generator | None,
+    generator: torch.Generator | Sequence[torch.Generator] | None,
+    draws: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The next token of every row from its ``(B, V)`` last-position logits.
 
     Temperature 0 is the argmax (the first maximum) and draws nothing;
     otherwise one ``torch.multinomial`` call over all ``B`` rows on the softmax
     of the filtered logits, filtered and drawn in float32 (float64 for float64
-    logits), with ``generator`` (the global one when ``None``).
-    Knobs are not checked here. Returns ``(B,)`` int64.
+    logits), with ``generator`` (the global one when ``None``). With a list or
+    tuple of ``B`` generators, row ``b`` is drawn from ``generator[b]`` alone,
+    one call a row in row order, into ``draws`` (``(B,)`` int64, allocated
+    here when ``None``). Knobs are not checked here. Returns ``(B,)`` int64.
     """
     if temperature == 0:
         return logits.argmax(dim=-1)  # (B,)
     # float32 whatever the model's dtype: a half model's logits / 1e-4 overflow in half
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # (B, V)
     probs = torch.softmax(_filter(logits, temperature, top_k, top_p), dim=-1)  # (B, V)
+    if generator is not None and not isinstance(generator, torch.Generator):  # one a row
+        rows = probs.new_empty(probs.shape[0], dtype=torch.int64) if draws is None else draws
+        for b, gen in enumerate(generator):
+            rows[b] = torch.multinomial(probs[b : b + 1], num_samples=1, generator=gen)[0, 0]
+        return rows  # (B,)
     return torch.multinomial(probs, num_samples=1, generator=generator)[:, 0]  # (B,)
 
 
@@ -190,13 +200,40 @@ def _check_prompt(model: GPT, prompt_ids: torch.Tensor) -> None:
         raise InputError(f"token ids must be in [0, {V - 1}] (cfg.V={V}), got min {lo}, max {hi}")
 
 
+def check_generator(generator: object, batch: int, device: torch.device) -> None:
+    """Require None, a ``torch.Generator`` on ``device``, or a list or tuple of ``batch`` of them.
+
+    Raises:
+        InputError: anything else, naming the expected and the actual value.
+    """
+    if generator is None:
+        return
+    if isinstance(generator, (list, tuple)):
+        if len(generator) != batch:
+            raise InputError(
+                f"a generator list must hold one torch.Generator per row ({batch}), "
+                f"got {len(generator)}"
+            )
+        for i, gen in enumerate(generator):
+            if not (isinstance(gen, torch.Generator) and _same_device(gen.device, device)):
+                got = gen.device if isinstance(gen, torch.Generator) else type(gen).__name__
+                raise InputError(f"generator[{i}] must be a torch.Generator on {device}, got {got}")
+        return
+    if not (isinstance(generator, torch.Generator) and _same_device(generator.device, device)):
+        found = generator.device if isinstance(generator, torch.Generator) else generator
+        raise InputError(
+            f"generator must be None, a torch.Generator on {device} or a list of {batch}, "
+            f"got {found!r}"
+        )
+
+
 def check_generate_args(
     model: GPT,
     prompt_ids: torch.Tensor,
     max_new_tokens: int,
     knobs: tuple[float, int | None, float | None],
     eos_id: int | None,
-    generator: torch.Generator | None,
+    generator: torch.Generator | Sequence[torch.Generator] | None,
     trace_layer: int | None,
 ) -> None:
     """Every check ``generate`` runs before any forward; ``knobs`` is ``(temperature,
@@ -220,11 +257,6 @@ def check_generate_args(
     V, L = model.cfg.V, len(model.blocks)
     if eos_id is not None and not _is_index(eos_id, 0, V):
         raise InputError(f"eos_id must be None or a token id in [0, {V - 1}], got {eos_id!r}")
-    device = model.tok_emb.weight.device
-    if generator is not None and not (
-        isinstance(generator, torch.Generator) and _same_device(generator.device, device)
-    ):
-        got = generator.device if isinstance(generator, torch.Generator) else generator
-        raise InputError(f"generator must be None or a torch.Generator on {device}, got {got!r}")
+    check_generator(generator, prompt_ids.shape[0], model.tok_emb.weight.device)
     if trace_layer is not None and not _is_index(trace_layer, 0, L):
         raise InputError(f"trace_layer must be None or an int in [0, {L - 1}], got {trace_layer!r}")

@@ -1,16 +1,16 @@
 """Generation through per-layer KV caches: prefill once, then one token a step.
 
 Shapes: B batch, t prompt length, n tokens in one cached call, p cache length
-before it, H heads, D = C // H, T = cfg.T, V vocabulary. The attention stage
-reads and appends a ``KVCache`` set up as a module's ``kv_cache``; this stage
-sets caches up on a model and drops them, as gpt-fast's and torchtune's
-``setup_caches`` do. Once set up, the model's own ``forward`` is the cached
-step (positions ``p .. p+n-1``). No module changes class and no attention maths
-is written here; ``generate`` sizes its caches to prompt + new tokens.
+before it, H heads, D = C // H, T = cfg.T, V vocabulary. This stage sets the
+attention stage's ``KVCache`` up on a model's modules and drops it, as
+gpt-fast's and torchtune's ``setup_caches`` do; the model's own ``forward`` is
+then the cached step. No module changes class, no attention maths is here.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from functools import partial
 from typing import cast
 
 import torch
@@ -18,13 +18,19 @@ from torch import nn
 
 from niels_gpt.checks import InputError
 from niels_gpt.config import ModelConfig
-from niels_gpt.model._kv_sampling import check_generate_args, choose_next, filter_logits
+from niels_gpt.model._kv_sampling import (
+    check_generate_args,
+    check_generator,
+    choose_next,
+    filter_logits,
+)
 from niels_gpt.model.attention import CausalSelfAttention, KVCache
 from niels_gpt.model.gpt import GPT
 
 __all__ = [
     "KVCache",
     "KVCacheAttention",
+    "check_generator",
     "drop_kv_cache",
     "filter_logits",
     "generate",
@@ -128,18 +134,13 @@ def drop_kv_cache(model: nn.Module) -> nn.Module:
     return model
 
 
-# --- generate -------------------------------------------------------------------------
-
 _Saved = list[tuple[CausalSelfAttention, "KVCache | None"]]
 
 
 def _save(model: nn.Module) -> _Saved:
     """Each attention module with the cache the caller had set up on it (or None)."""
-    return [
-        (m, getattr(m, "kv_cache", None))
-        for m in model.modules()
-        if isinstance(m, CausalSelfAttention)
-    ]
+    modules = [m for m in model.modules() if isinstance(m, CausalSelfAttention)]
+    return [(m, getattr(m, "kv_cache", None)) for m in modules]
 
 
 def _restore(saved: _Saved) -> None:
@@ -168,19 +169,18 @@ def _decode(
     t: int,
     knobs: tuple[float, int | None, float | None],
     eos_id: int | None,
-    generator: torch.Generator | None,
+    generator: torch.Generator | Sequence[torch.Generator] | None,
     trace_layer: int | None,
 ) -> list[torch.Tensor]:
     """Fill ``ids[:, t:]`` of ``(B, t + new)`` ids on a model with caches; return the traces."""
-    temperature, top_k, top_p = knobs
+    choose = partial(choose_next, temperature=knobs[0], top_k=knobs[1], top_p=knobs[2])
     traces: list[torch.Tensor] = []
     finished = torch.zeros_like(ids[:, 0], dtype=torch.bool)  # (B,)
+    draws = torch.empty_like(ids[:, 0])  # (B,): per-row draws land here
     x = ids[:, :t]  # (B, t): step 0 is the prefill
     for col in range(t, ids.shape[1]):
         logits = _step(model, x, trace_layer, traces)  # (B, V)
-        token = choose_next(
-            logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator
-        )  # (B,), every row drawn, finished ones too
+        token = choose(logits, generator=generator, draws=draws)  # (B,), finished rows drawn too
         if eos_id is not None:
             token = token.masked_fill(finished, eos_id)  # (B,), finished rows repeat eos
             finished |= token == eos_id  # (B,)
@@ -201,7 +201,7 @@ def generate(
     top_k: int | None = None,
     top_p: float | None = None,
     eos_id: int | None = None,
-    generator: torch.Generator | None = None,
+    generator: torch.Generator | Sequence[torch.Generator] | None = None,
     trace_layer: int | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
     """Continue ``prompt_ids`` by ``max_new_tokens`` tokens through per-layer KV caches.
@@ -209,9 +209,9 @@ def generate(
     Step 0 is the prefill (one forward of the whole prompt), every later step
     one forward of the previous token alone; the caches (``B`` rows,
     ``t + max_new_tokens`` positions) are set up once, before the prefill, and
-    dropped after. Runs under ``torch.no_grad`` in the model's mode and hands
-    the model back as it found it (the caller's caches, training flags,
-    weights), on return or on an error.
+    dropped after. Decodes under ``torch.inference_mode`` (returning ordinary
+    tensors) in the model's mode and hands the model back as it found it (the
+    caller's caches, training flags, weights), on return or on an error.
 
     Args:
         model: a ``GPT`` whose attention is the attention stage's (any kernel).
@@ -220,7 +220,8 @@ def generate(
         temperature, top_k, top_p: as in ``filter_logits``, applied in float32
             (float64 in a float64 model). Temperature 0 is the argmax and draws
             nothing; otherwise one ``torch.multinomial`` draw a step over all
-            rows (finished ones too) from ``generator`` (the global one if None).
+            rows (finished ones too) from ``generator`` (the global one if None),
+            or with ``B`` generators one a row, row ``b`` from ``generator[b]``.
         eos_id: a row that generates it is finished: it holds ``eos_id`` from
             then on (and is fed it); generation stops once every row has.
             Prompt tokens do not count.
@@ -244,11 +245,12 @@ def generate(
     if max_new_tokens > 0:
         saved = _save(model)
         try:
-            with torch.no_grad():
+            with torch.inference_mode():  # ids is written in place, an ordinary tensor
                 use_kv_cache(model, B, max_len=t + max_new_tokens)
                 traces = _decode(model, ids, t, knobs, eos_id, generator, trace_layer)
         finally:
             _restore(saved)
+        traces = [trace.clone() for trace in traces]  # ordinary tensors, out of inference mode
     if trace_layer is None:
         return ids
     return ids, traces
@@ -263,7 +265,7 @@ def generate_until_eos(
     temperature: float = 1.0,
     top_k: int | None = None,
     top_p: float | None = None,
-    generator: torch.Generator | None = None,
+    generator: torch.Generator | Sequence[torch.Generator] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``generate`` with Hugging Face's result: stop once every row has produced ``eos_id``.
 
@@ -271,10 +273,9 @@ def generate_until_eos(
     lengths)``: ``ids`` ``(B, t + n)``, cut after the ``n <= max_new_tokens``
     steps that ran (rows padded with ``eos_id`` after their eos, as
     ``generate`` pads them); ``lengths`` ``(B,)`` int64, each row's prompt plus
-    generated tokens up to and including its first ``eos_id``
-    (``t + max_new_tokens`` without one). Raises ``InputError``, before any
-    forward, for an ``eos_id`` that is not an int and for what ``generate``
-    refuses.
+    generated tokens up to and including its first ``eos_id`` (``t +
+    max_new_tokens`` without one). Raises ``InputError``, before any forward,
+    for an ``eos_id`` that is not an int and for what ``generate`` refuses.
     """
     if isinstance(eos_id, bool) or not isinstance(eos_id, int):
         raise InputError(f"eos_id must be a token id (an int), got {eos_id!r}")

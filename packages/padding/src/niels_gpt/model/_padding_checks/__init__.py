@@ -15,6 +15,7 @@ import torch
 from niels_gpt.checks import InputError, check_length
 from niels_gpt.model.attention import CausalSelfAttention
 from niels_gpt.model.gpt import GPT
+from niels_gpt.model.kv_cache import check_generator
 
 __all__ = [
     "check_generate_args",
@@ -25,10 +26,6 @@ __all__ = [
     "check_tokens",
     "check_trace_layer",
 ]
-
-
-def _same_device(a: torch.device, b: torch.device) -> bool:
-    return a.type == b.type and (a.index or 0) == (b.index or 0)  # "cuda" is "cuda:0"
 
 
 def check_model(model: object) -> GPT:
@@ -201,29 +198,6 @@ def _check_knobs(temperature: float, top_k: int | None, top_p: float | None) -> 
         )
 
 
-def _check_generator(generator: object, batch: int, device: torch.device) -> None:
-    """None, one ``torch.Generator`` on ``device``, or a list/tuple of ``batch`` of them."""
-    if generator is None:
-        return
-    if isinstance(generator, (list, tuple)):
-        if len(generator) != batch:
-            raise InputError(
-                f"a generator list must hold one torch.Generator per row ({batch}), "
-                f"got {len(generator)}"
-            )
-        for i, gen in enumerate(generator):
-            if not (isinstance(gen, torch.Generator) and _same_device(gen.device, device)):
-                got = gen.device if isinstance(gen, torch.Generator) else type(gen).__name__
-                raise InputError(f"generator[{i}] must be a torch.Generator on {device}, got {got}")
-        return
-    if not (isinstance(generator, torch.Generator) and _same_device(generator.device, device)):
-        found = generator.device if isinstance(generator, torch.Generator) else generator
-        raise InputError(
-            f"generator must be None, a torch.Generator on {device} or a list of {batch}, "
-            f"got {found!r}"
-        )
-
-
 def check_generate_args(
     model: object,
     prompt_ids: object,
@@ -260,7 +234,7 @@ def check_generate_args(
     V = gpt.cfg.V
     if eos_id is not None and not _is_index(eos_id, 0, V):
         raise InputError(f"eos_id must be None or a token id in [0, {V - 1}], got {eos_id!r}")
-    _check_generator(generator, B, gpt.tok_emb.weight.device)
+    check_generator(generator, B, gpt.tok_emb.weight.device)  # kv_cache.generate's own check
     check_trace_layer(trace_layer, len(gpt.blocks))
 
 

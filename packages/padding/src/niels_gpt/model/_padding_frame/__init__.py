@@ -12,9 +12,10 @@ attention stage's forward takes exactly that (``positions`` and a
 ``key_mask``, attention 1.1), while ``GPT`` and ``Block`` call it without
 them; so for the length of a call every attention module gets a forward
 pre-hook (torch's ``with_kwargs`` hooks) that adds the frame's positions and
-key mask for the columns it computes, and, when generating, a ``KVCache`` as
-its ``kv_cache``. Both are taken away again on return or on an error: no
-module changes class, and nothing of the attention's maths is written here.
+key mask for the columns it computes (after the columns a KV cache holds,
+when ``kv_cache.generate`` runs inside). The hooks are taken away again on
+return or on an error: no module changes class, and nothing of the
+attention's maths is written here.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from niels_gpt.model.attention import CausalSelfAttention, KVCache
+from niels_gpt.model.attention import CausalSelfAttention
 
 __all__ = ["RowFrame", "framed"]
 
@@ -62,16 +63,15 @@ def attention_modules(model: nn.Module) -> list[CausalSelfAttention]:
 
 
 @contextmanager
-def framed(model: nn.Module, frame: RowFrame, cache_len: int | None = None) -> Iterator[None]:
+def framed(model: nn.Module, frame: RowFrame) -> Iterator[None]:
     """Run every attention module of ``model`` in ``frame`` for the block.
 
     The model was checked (``check_model``): its attention modules run the
-    attention stage's forward and have no cache set up. With ``cache_len``,
-    each also gets a zero-filled ``KVCache(B, H, cache_len, D)`` in its
-    parameters' dtype and device (the padded frame: cache index = column).
+    attention stage's forward. A cache set up on a module inside the block
+    (``kv_cache.generate`` sets up its own) is the padded frame: cache index =
+    column, so each call's first column is the cache's length.
     """
     modules = attention_modules(model)
-    B = frame.pads.shape[0]
 
     def add_frame(
         module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -81,19 +81,10 @@ def framed(model: nn.Module, frame: RowFrame, cache_len: int | None = None) -> I
         return args, {**kwargs, **frame.arguments(p, args[0].shape[1])}
 
     handles = []
-    set_up: list[CausalSelfAttention] = []
     try:
         for m in modules:
-            if cache_len is not None:
-                w = m.qkv.weight
-                m.kv_cache = KVCache(
-                    B, m.n_head, cache_len, m.head_dim, dtype=w.dtype, device=w.device
-                )
-                set_up.append(m)
             handles.append(m.register_forward_pre_hook(add_frame, with_kwargs=True))
         yield
     finally:
         for handle in handles:
             handle.remove()
-        for m in set_up:
-            del m.kv_cache

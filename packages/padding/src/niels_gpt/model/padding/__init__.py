@@ -14,10 +14,11 @@ the row alone, and every padded position's logits are exactly 0.
 The attention stage's one attention takes per-row positions and a key mask
 and reads a KV cache; ``_padding_frame`` hands it the batch's frame through
 forward pre-hooks for the length of a call, so ``GPT`` and ``Block`` run
-unchanged and no module changes class. ``generate`` adds one attention-stage
-``KVCache`` per layer (``t + max_new_tokens`` positions, the padded frame)
-and reuses ``kv_cache.filter_logits`` for sampling. With no mask, or a mask
-without a pad, every function is the unpadded code itself.
+unchanged and no module changes class. ``generate`` is ``kv_cache.generate``
+run inside that frame: its caches (``t + max_new_tokens`` positions) hold the
+padded frame, and its sampling, per-row generators and eos are the kv_cache
+stage's. With no mask, or a mask without a pad, every function is the
+unpadded code itself.
 """
 
 from __future__ import annotations
@@ -163,66 +164,6 @@ def padded_cross_entropy(
     return losses.sum() / counted  # 0-d
 
 
-def _choose(
-    logits: torch.Tensor,
-    knobs: Knobs,
-    generator: torch.Generator | Sequence[torch.Generator] | None,
-    draws: torch.Tensor,
-) -> torch.Tensor:
-    """The next token of every row from its ``(B, V)`` logits, as ``kv_cache`` chooses.
-
-    Temperature 0: the argmax, no draw. Otherwise the softmax of
-    ``kv_cache.filter_logits`` in float32 (float64 stays), sampled by one
-    ``torch.multinomial`` call over all rows, or with a generator list one
-    call a row, in row order, written into ``draws`` ``(B,)``. Finished rows
-    are drawn too.
-    """
-    temperature, top_k, top_p = knobs
-    if temperature == 0:
-        return logits.argmax(dim=-1)  # (B,)
-    # float32 whatever the model's dtype: a half model's logits / 1e-4 overflow in half
-    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # (B, V)
-    filtered = kv_cache.filter_logits(logits, temperature=temperature, top_k=top_k, top_p=top_p)
-    probs = torch.softmax(filtered, dim=-1)  # (B, V)
-    if generator is None or isinstance(generator, torch.Generator):
-        return torch.multinomial(probs, num_samples=1, generator=generator)[:, 0]  # (B,)
-    for b, gen in enumerate(generator):
-        draws[b] = torch.multinomial(probs[b : b + 1], num_samples=1, generator=gen)[0, 0]
-    return draws  # (B,)
-
-
-def _decode(
-    model: GPT,
-    ids: torch.Tensor,
-    t: int,
-    knobs: Knobs,
-    eos_id: int | None,
-    generator: torch.Generator | Sequence[torch.Generator] | None,
-    trace_layer: int | None,
-) -> list[torch.Tensor]:
-    """Fill ``ids[:, t:]`` of ``(B, t + new)`` with the frame set up; return the traces."""
-    traces: list[torch.Tensor] = []
-    finished = torch.zeros_like(ids[:, 0], dtype=torch.bool)  # (B,)
-    draws = torch.empty_like(ids[:, 0])  # (B,), per-row draws land here
-    x = ids[:, :t]  # (B, t): step 0 is the prefill
-    for col in range(t, ids.shape[1]):
-        if trace_layer is None:
-            logits = model(x)  # (B, n, V)
-        else:
-            logits, trace = model.forward_with_attn_trace(x, trace_layer)  # (B, n, V)
-            traces.append(trace["attn_row"].contiguous())  # (B, H, col)
-        token = _choose(logits[:, -1], knobs, generator, draws)  # (B,)
-        if eos_id is not None:
-            token = token.masked_fill(finished, eos_id)  # (B,), finished rows repeat eos
-            finished |= token == eos_id  # (B,)
-        ids[:, col] = token
-        if eos_id is not None and bool(finished.all()):  # one host sync a step, with eos only
-            ids[:, col + 1 :] = eos_id
-            break
-        x = ids[:, col : col + 1]  # (B, 1): the next step's input
-    return traces
-
-
 def generate(
     model: GPT,
     prompt_ids: torch.Tensor,
@@ -239,12 +180,12 @@ def generate(
     """``kv_cache.generate`` for a left-padded prompt batch.
 
     Row ``b`` gets the tokens (and traces, zero at its padded columns) of
-    generating its real prompt ``prompt_ids[b:b+1, P_b:]`` alone. The prompt
-    runs once (the prefill), then one token a step, through one attention-stage
-    ``KVCache`` a layer of ``(B, H, t + max_new_tokens, D)`` that holds the
-    padded frame (cache index = column); the token at column ``c >= t`` is
-    rotated at position ``c - P_b``. Runs under ``torch.no_grad`` in the model's mode and
-    hands the model back as it was found.
+    generating its real prompt ``prompt_ids[b:b+1, P_b:]`` alone. It is
+    ``kv_cache.generate`` with the batch's frame on the attention modules: the
+    prompt runs once (the prefill), then one token a step, through kv_cache's
+    ``(B, H, t + max_new_tokens, D)`` caches, which hold the padded frame
+    (cache index = column); the token at column ``c >= t`` is rotated at
+    position ``c - P_b``. The model is handed back as it was found.
 
     Args:
         model, prompt_ids, max_new_tokens, temperature, top_k, top_p, eos_id,
@@ -258,19 +199,17 @@ def generate(
     Returns:
         ``ids`` ``(B, t + max_new_tokens)`` int64 beginning with ``prompt_ids``
         (pads included), or ``(ids, traces)`` with ``traces[i]`` ``(B, H, t + i)``.
-        Without a pad and without a generator list: ``kv_cache.generate`` itself.
+        Without a pad: ``kv_cache.generate`` itself.
 
     Raises:
-        InputError: any argument out of range, before any forward or switch.
+        InputError: any argument out of range, before any forward or hook.
     """
     knobs: Knobs = (temperature, top_k, top_p)
     check_generate_args(
         model, prompt_ids, attention_mask, max_new_tokens, knobs, eos_id, generator, trace_layer
     )
-    mask = attention_mask
-    if (mask is None or bool(mask.all())) and (
-        generator is None or isinstance(generator, torch.Generator)
-    ):
+
+    def run() -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
         return kv_cache.generate(
             model,
             prompt_ids,
@@ -282,15 +221,9 @@ def generate(
             generator=generator,
             trace_layer=trace_layer,
         )
-    B, t = prompt_ids.shape
-    ids = prompt_ids.new_empty(B, t + max_new_tokens)  # (B, t + new), filled as chosen
-    ids[:, :t] = prompt_ids
-    traces: list[torch.Tensor] = []
-    if max_new_tokens > 0:
-        pads = _pads(mask) if mask is not None else prompt_ids.new_zeros(B)  # (B,)
-        # one (B, H, t + new, D) KVCache a layer, set up before the prefill
-        with torch.no_grad(), framed(model, RowFrame(pads), t + max_new_tokens):
-            traces = _decode(model, ids, t, knobs, eos_id, generator, trace_layer)
-    if trace_layer is None:
-        return ids
-    return ids, traces
+
+    if attention_mask is None or bool(attention_mask.all()):
+        return run()
+    # kv_cache.generate sets up the caches: t + max_new_tokens positions, cache index = column
+    with framed(model, RowFrame(_pads(attention_mask))):
+        return run()
