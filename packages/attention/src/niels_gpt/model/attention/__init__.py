@@ -17,15 +17,12 @@ keyword arguments and one attribute extend it without changing it:
   rotated keys and values are appended at rows ``[p, p+T)`` and the queries
   attend over rows ``[0, p+T)``. A module holds no cache until one is set.
 - ``kernel``, an attribute (``None``: the explicit core below): a fused causal
-  kernel another stage provides. It is chosen in one place, ``_core``, for
-  every call without probabilities or a key mask, cached calls included (it
-  then gets the cache's ``(B, H, m, D)`` keys and values, causal from the
-  bottom right); the others run the explicit core, which this module writes
-  without ``scaled_dot_product_attention`` so its probabilities can be
-  returned.
+  kernel another stage provides, chosen in one place (``_core``) for every call
+  without probabilities or a key mask, cached ones too (``AttentionKernel``).
+  The others run the explicit core, written without SDPA so its probabilities
+  can be returned.
 
-RoPE is reached through the module object (``rope.apply_rope``) so tests can
-monkeypatch it.
+RoPE is reached through the module object (``rope.apply_rope``): tests monkeypatch it.
 
 Mixed precision (``torch.autocast``, or a bfloat16/float16 module): RoPE
 rotates in float32 (float64 in a float64 module; ``_rope_dtype``) and the
