@@ -293,23 +293,30 @@ def typecheck(session: nox.Session) -> None:
     session.run(str(_bin_dir(DEV_ENV) / "mypy"), *files, env=env, external=True)
 
 
-@nox.session(name="test-contracts", venv_backend="none")
-def test_contracts(session: nox.Session) -> None:
-    """The checker's own tests, on real temporary git repositories.
+def _contracts_tests(session: nox.Session, marker: str, *, parallel: bool = True) -> None:
+    """pytest over ``contracts/tests`` selected by ``-m marker``, plus the session's arguments.
 
     ``--confcutdir=contracts`` keeps the repository-wide conftest (hypothesis
     profiles, torch) out of these torch-free tests: it costs seconds a worker.
+    ``parallel``: one pytest-xdist worker a core (the workflow replay runs alone).
     """
+    workers = ["--numprocesses=auto"] if parallel else []
     run_dev(
         session,
         "pytest",
         "contracts/tests",
         "--confcutdir=contracts",
-        "--numprocesses=auto",
+        *workers,
         "-m",
-        "not hooks and not workflow and not scenario",
+        marker,
         *session.posargs,
     )
+
+
+@nox.session(name="test-contracts", venv_backend="none")
+def test_contracts(session: nox.Session) -> None:
+    """The checker's own tests, on real temporary git repositories."""
+    _contracts_tests(session, "not hooks and not workflow and not scenario")
 
 
 @nox.session(name="test-scenarios", venv_backend="none")
@@ -327,16 +334,7 @@ def test_scenarios(session: nox.Session) -> None:
     has unit tests in ``test-contracts``); run them all before changing the
     oracle, the sandbox or the source rules.
     """
-    run_dev(
-        session,
-        "pytest",
-        "contracts/tests",
-        "--confcutdir=contracts",
-        "--numprocesses=auto",
-        "-m",
-        "scenario",
-        *session.posargs,
-    )
+    _contracts_tests(session, "scenario")
 
 
 @nox.session(name="test-workflow", venv_backend="none")
@@ -347,15 +345,7 @@ def test_workflow(session: nox.Session) -> None:
     sandbox environment built and cached by the push job, then honest, broken
     and trailer-less PRs judged by the PR jobs (``contracts/tests/actkit.py``).
     """
-    run_dev(
-        session,
-        "pytest",
-        "contracts/tests",
-        "--confcutdir=contracts",
-        "-m",
-        "workflow",
-        *session.posargs,
-    )
+    _contracts_tests(session, "workflow", parallel=False)
 
 
 @nox.session(name="test-hooks", venv_backend="none")
@@ -366,16 +356,7 @@ def test_hooks(session: nox.Session) -> None:
     from the package index (tens of seconds, and the network), while
     ``test-contracts`` stays fast and offline.
     """
-    run_dev(
-        session,
-        "pytest",
-        "contracts/tests",
-        "--confcutdir=contracts",
-        "--numprocesses=auto",
-        "-m",
-        "hooks",
-        *session.posargs,
-    )
+    _contracts_tests(session, "hooks")
 
 
 @nox.session(venv_backend="none")
