@@ -783,3 +783,39 @@ def test_generate_decodes_in_inference_mode_and_returns_ordinary_tensors(
     loss = model(ids).logsumexp(-1).mean()  # generated ids as a training batch
     loss.backward()
     assert model.tok_emb.weight.grad is not None
+
+
+@pytest.mark.invariant("kv_cache.rejects_bad_input")
+def test_check_knobs_is_the_knob_check_generate_runs(
+    device: torch.device, randomise: Randomise
+) -> None:
+    """4.2: the public knob check refuses what generate refuses, with the same message."""
+    from niels_gpt.model.kv_cache import check_knobs  # 4.2's export: the rest collect without it
+
+    cfg = ModelConfig(V=20, T=10, C=8, L=1, H=2, d_ff=8, dropout=0.0)
+    model = _model(cfg, device, torch.float32, randomise, 1)
+    prompt = _tokens(cfg, 2, 3, 1, device)  # (2, 3)
+    bad: list[tuple[Any, Any, Any]] = [
+        (-0.5, None, None),
+        (math.inf, None, None),
+        (math.nan, None, None),
+        (True, None, None),
+        (1.0, 0, None),
+        (1.0, 2.0, None),
+        (1.0, True, None),
+        (1.0, None, 0.0),
+        (1.0, None, 1.5),
+        (1.0, None, math.nan),
+        (1.0, None, True),
+    ]
+    for temperature, top_k, top_p in bad:
+        with pytest.raises(InputError) as direct:
+            check_knobs(temperature, top_k, top_p)
+        with pytest.raises(InputError) as through:
+            generate(model, prompt, 2, temperature=temperature, top_k=top_k, top_p=top_p)
+        assert str(direct.value) == str(through.value)
+        assert repr(
+            top_p if top_p is not None else top_k if top_k is not None else temperature
+        ) in str(direct.value)
+    for good in [(0.0, None, None), (0, 1, 1), (0.7, 5, 0.9), (2, None, 1.0)]:
+        assert check_knobs(*good) is None
