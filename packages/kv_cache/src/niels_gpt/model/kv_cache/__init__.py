@@ -21,6 +21,7 @@ from niels_gpt.config import ModelConfig
 from niels_gpt.model._kv_sampling import (
     check_generate_args,
     check_generator,
+    check_knobs,
     choose_next,
     filter_logits,
 )
@@ -31,6 +32,7 @@ __all__ = [
     "KVCache",
     "KVCacheAttention",
     "check_generator",
+    "check_knobs",
     "drop_kv_cache",
     "filter_logits",
     "generate",
@@ -40,8 +42,7 @@ __all__ = [
 
 
 class KVCacheAttention(CausalSelfAttention):
-    """``CausalSelfAttention`` built with an empty cache slot (``kv_cache is None``); its
-    forward, parameters, buffers and ``state_dict`` are the parent's."""
+    """``CausalSelfAttention`` with an empty ``kv_cache`` slot (None); all else is the parent's."""
 
     kv_cache: KVCache | None
 
@@ -233,8 +234,7 @@ def generate(
         ``(ids, traces)`` when ``trace_layer`` is given.
 
     Raises:
-        InputError: any argument out of its range, before any forward and
-            before any cache is set up.
+        InputError: any argument out of its range, before any forward or cache set-up.
     """
     knobs = (temperature, top_k, top_p)
     check_generate_args(model, prompt_ids, max_new_tokens, knobs, eos_id, generator, trace_layer)
