@@ -8,14 +8,12 @@ layout, the id range) are read with one host sync each, before any forward.
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from niels_gpt.checks import InputError, check_length
 from niels_gpt.model.attention import CausalSelfAttention
 from niels_gpt.model.gpt import GPT
-from niels_gpt.model.kv_cache import check_generator
+from niels_gpt.model.kv_cache import check_generator, check_knobs
 
 __all__ = [
     "check_generate_args",
@@ -117,10 +115,6 @@ def _is_index(value: object, low: int, high: int | None) -> bool:
     return low <= value and (high is None or value < high)
 
 
-def _is_real(value: object) -> bool:  # an int or float, not a bool
-    return not isinstance(value, bool) and isinstance(value, (int, float))
-
-
 def check_trace_layer(trace_layer: object, n_layers: int) -> None:
     """Require ``None`` or an int (not bool) in ``[0, n_layers)``."""
     if trace_layer is not None and not _is_index(trace_layer, 0, n_layers):
@@ -183,21 +177,6 @@ def check_rope_rows(
         raise InputError(f"positions must be in [0, {Tc - 1}], got min {lo}, max {hi}")
 
 
-def _check_knobs(temperature: float, top_k: int | None, top_p: float | None) -> None:
-    """The sampling knobs, as ``kv_cache.filter_logits`` takes them."""
-    if not (_is_real(temperature) and math.isfinite(temperature) and temperature >= 0):
-        raise InputError(
-            f"temperature must be a finite float >= 0, got {type(temperature).__name__} "
-            f"{temperature!r}"
-        )
-    if top_k is not None and not _is_index(top_k, 1, None):
-        raise InputError(f"top_k must be None or an int >= 1, got {type(top_k).__name__} {top_k!r}")
-    if top_p is not None and not (_is_real(top_p) and 0.0 < top_p <= 1.0):
-        raise InputError(
-            f"top_p must be None or a float in (0, 1], got {type(top_p).__name__} {top_p!r}"
-        )
-
-
 def check_generate_args(
     model: object,
     prompt_ids: object,
@@ -230,7 +209,7 @@ def check_generate_args(
             f"padded prompt length t + max_new_tokens must be <= cfg.T = {T}, got "
             f"{t} + {max_new_tokens} = {t + max_new_tokens}"
         )
-    _check_knobs(*knobs)
+    check_knobs(*knobs)  # kv_cache.generate's own check
     V = gpt.cfg.V
     if eos_id is not None and not _is_index(eos_id, 0, V):
         raise InputError(f"eos_id must be None or a token id in [0, {V - 1}], got {eos_id!r}")
