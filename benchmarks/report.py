@@ -10,6 +10,7 @@ wrong FLOP count, never a fast step).
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -32,10 +33,13 @@ def table(res: dict[str, Any]) -> str:
     lines = [f"niels_gpt bench - {res['date']}", f"machine: {res['machine']}"]
     load = res.get("load_average")
     if load and len(load) == 2:
-        lines.append(
-            f"load average {load[0]:.1f} at the start, {load[1]:.1f} at the end "
-            "(above the core count, other work shared the machine: figures are indicative)"
-        )
+        line = f"load average {load[0]:.1f} at the start, {load[1]:.1f} at the end"
+        cores = res.get("cores") or os.cpu_count() or 1
+        if max(load) > cores:
+            line += (
+                f" (above the {cores} cores: other work shared the machine, figures are indicative)"
+            )
+        lines.append(line)
     if res.get("quick"):
         lines.append(
             "--quick: a smoke run (small training config, one attention shape, one or two "

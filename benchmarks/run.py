@@ -245,6 +245,7 @@ def collect(device: torch.device, quick: bool, compile: bool) -> dict[str, Any]:
         "device": str(device),
         "quick": quick,
         "load_average": [os.getloadavg()[0]],
+        "cores": os.cpu_count(),
     }
     t0 = time.perf_counter()
     section("matmul peak")

@@ -101,3 +101,12 @@ def test_bf16_rows_are_measured_against_the_bfloat16_peak(monkeypatch: pytest.Mo
         assert row["matmul_peak_flops"] == peak, name
         assert row["mfu"] == pytest.approx(row["flops_per_step"] / 0.01 / peak), name
     assert len(out["rows"]) == 6 and not out["errors"]
+
+
+@pytest.mark.parametrize(("load", "caveat"), [([0.5, 1.3], False), ([0.5, 2.5], True)])
+def test_the_load_caveat_only_when_the_load_passed_the_cores(
+    recorded: dict[str, Any], load: list[float], caveat: bool
+) -> None:
+    text = report.table({**recorded, "load_average": load, "cores": 2})
+    assert f"load average {load[0]:.1f} at the start, {load[1]:.1f} at the end" in text
+    assert ("(above the 2 cores: other work shared the machine" in text) is caveat
