@@ -317,10 +317,12 @@ def main(argv: list[str] | None = None) -> int:
     res["load_average"] = [load0, os.getloadavg()[0]]  # other work on a shared machine
     res["targets"] = [{"target": n, "met": ok, "value": d} for n, ok, d in targets(res)]
     res["wall_s"] = time.perf_counter() - t0
-    from benchmarks.run import machine  # here: benchmarks.run imports this module
+    # here, not at the top: benchmarks.run and benchmarks.report import this module
+    from benchmarks.report import load_line
+    from benchmarks.run import machine
 
-    res["machine"] = machine(device)
-    load = "load average {:.1f} at the start, {:.1f} at the end".format(*res["load_average"])
+    res["machine"], res["cores"] = machine(device), os.cpu_count() or 1
+    load = load_line(res["load_average"], res["cores"])
     lines = [f"machine: {res['machine']}; {load}", *table_lines(res)] + [
         f"  [{'met ' if t['met'] else 'MISS'}] {t['target']}: {t['value']}" for t in res["targets"]
     ]

@@ -29,17 +29,19 @@ def _best(stat: dict[str, Any]) -> float:
     return float(min(stat["rounds_s"]))
 
 
+def load_line(load: list[float], cores: int) -> str:
+    """The load average at the start and the end of a run, with a caveat past ``cores``."""
+    line = f"load average {load[0]:.1f} at the start, {load[1]:.1f} at the end"
+    if max(load) > cores:
+        line += f" (above the {cores} cores: other work shared the machine, figures are indicative)"
+    return line
+
+
 def table(res: dict[str, Any]) -> str:
     lines = [f"niels_gpt bench - {res['date']}", f"machine: {res['machine']}"]
     load = res.get("load_average")
     if load and len(load) == 2:
-        line = f"load average {load[0]:.1f} at the start, {load[1]:.1f} at the end"
-        cores = res.get("cores") or os.cpu_count() or 1
-        if max(load) > cores:
-            line += (
-                f" (above the {cores} cores: other work shared the machine, figures are indicative)"
-            )
-        lines.append(line)
+        lines.append(load_line(load, res.get("cores") or os.cpu_count() or 1))
     if res.get("quick"):
         lines.append(
             "--quick: a smoke run (small training config, one attention shape, one or two "
