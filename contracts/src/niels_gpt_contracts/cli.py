@@ -31,6 +31,7 @@ from niels_gpt_contracts.mutants import report as mutants_report
 from niels_gpt_contracts.mutants import runner as mutants_runner
 from niels_gpt_contracts.reporters import FORMATS, renderer, stderr_guard
 from niels_gpt_contracts.result import Result
+from niels_gpt_contracts.sandbox import processes
 from niels_gpt_contracts.sandbox.environment import build
 from niels_gpt_contracts.verdict import pr as pr_verdict
 
@@ -351,7 +352,15 @@ def _main_pr(args: argparse.Namespace) -> int:
         oracle_seed=args.oracle_seed,
         full=args.full,
     )
-    return _judged(lambda: pr_verdict.run(request, _progress), render, render_error, args)
+    with processes.ending_on_signals(EXIT_ERROR):
+        code = _judged(lambda: pr_verdict.run(request, _progress), render, render_error, args)
+    if processes.ended() is not None:
+        # Threads of the verdict may still hold workers: end the tree and the process now.
+        processes.kill_tree()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(EXIT_ERROR)
+    return code
 
 
 def _judged(
@@ -363,6 +372,12 @@ def _judged(
     """Run a judgement; exit 0/1 on a verdict, 2 (and no verdict) on any error."""
     try:
         result = judge()
+    except processes.Ended as err:
+        message = f"{err}: every worker of the verdict was killed; no verdict"
+        sys.stderr.write(f"contracts: error: {message}\n")
+        if args.format != "text":
+            _emit(render_error(message), args.output)
+        return EXIT_ERROR
     except SpecErrors as err:
         for one in err.errors:
             sys.stderr.write(f"contracts: error: {one}\n")
