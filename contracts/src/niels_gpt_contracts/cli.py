@@ -352,8 +352,12 @@ def _main_pr(args: argparse.Namespace) -> int:
         oracle_seed=args.oracle_seed,
         full=args.full,
     )
-    with processes.ending_on_signals(EXIT_ERROR):
-        code = _judged(lambda: pr_verdict.run(request, _progress), render, render_error, args)
+    code = EXIT_ERROR
+    try:
+        with processes.ending_on_signals(EXIT_ERROR):
+            code = _judged(lambda: pr_verdict.run(request, _progress), render, render_error, args)
+    except processes.Ended as err:  # it came while an error or the verdict was being reported
+        sys.stderr.write(f"contracts: error: {err}: every worker of the verdict was killed\n")
     if processes.ended() is not None:
         # Threads of the verdict may still hold workers: end the tree and the process now.
         processes.kill_tree()
