@@ -10,6 +10,7 @@ status is an error, never a pass.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+import test_mutants as tiny
 from prkit import PrRepo
 
 from niels_gpt_contracts.cli import EXIT_ERROR
@@ -63,21 +65,29 @@ def _alive(seen: Seen) -> list[int]:
     return out
 
 
-@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process tree in /proc")
-@pytest.mark.parametrize(
-    "sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP], ids=lambda s: s.name
+ON_PROC = pytest.mark.skipif(
+    not Path("/proc/self/stat").exists(), reason="reads the process tree in /proc"
 )
-def test_a_signal_ends_the_verdict_and_every_worker(pr_repo: PrRepo, sig: signal.Signals) -> None:
+
+
+def _slow_pr(pr_repo: PrRepo) -> None:
     test = "packages/rope/tests/test_rope.py"
     pr_repo.write(test, pr_repo.read(test) + SLEEPER)
     pr_repo.pr("rope", "a slow test")
-    cmd = [
-        sys.executable, "-m", "niels_gpt_contracts.cli", "pr", "--repo", str(pr_repo.root),
-        "--base", "main", "--head", "HEAD", "--python", sys.executable,
-        "--cache-dir", str(pr_repo.cache), "--jobs", "1", "--skip-mutants",
-    ]  # fmt: skip
+
+
+def _ends_everything(
+    cmd: list[str], sig: signal.Signals, env: dict[str, str] | None = None
+) -> None:
+    """Run ``cmd`` until a worker in a session of its own exists, signal it, and check
+    that it exits 2 with one line of reason and that none of its descendants lives on."""
     checker = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env=env,
     )
     seen: Seen = {}
     try:
@@ -106,8 +116,45 @@ def test_a_signal_ends_the_verdict_and_every_worker(pr_repo: PrRepo, sig: signal
     assert survivors == [], f"{len(survivors)} of {len(seen)} descendants survived"
     assert checker.returncode == EXIT_ERROR, (checker.returncode, err[-2000:])
     last = err.strip().splitlines()[-1]
-    assert last.startswith(f"contracts: error: ended by {sig.name}"), last
+    assert last.startswith(f"contracts: error: ended by {sig.name}"), err[-3000:]
     assert out == ""
+
+
+@ON_PROC
+@pytest.mark.parametrize(
+    "sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP], ids=lambda s: s.name
+)
+def test_a_signal_ends_the_verdict_and_every_worker(pr_repo: PrRepo, sig: signal.Signals) -> None:
+    _slow_pr(pr_repo)
+    cmd = [
+        sys.executable, "-m", "niels_gpt_contracts.cli", "pr", "--repo", str(pr_repo.root),
+        "--base", "main", "--head", "HEAD", "--python", sys.executable,
+        "--cache-dir", str(pr_repo.cache), "--jobs", "1", "--skip-mutants",
+    ]  # fmt: skip
+    _ends_everything(cmd, sig)
+
+
+@ON_PROC
+def test_a_signal_ends_a_mutants_run_and_every_fork(tmp_path: Path) -> None:
+    """``contracts mutants`` on ``test_mutants``'s tiny stage: its ``hangs`` mutant sleeps."""
+    root = tmp_path / "repo"
+    files = {
+        "specs/tiny.toml": tiny.SPEC + tiny.CATALOGUE,
+        tiny.MODULE: tiny.SOURCE,
+        "packages/tiny/tests/test_tiny.py": tiny.TESTS,
+        "pyproject.toml": '[tool.pytest.ini_options]\naddopts = ["--import-mode=importlib"]\n',
+    }
+    for path, text in files.items():
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_text(text)
+    shutil.copy(tiny.SCHEMA, root / "specs" / "spec.schema.json")
+    subprocess.run(["git", "init", "-q"], cwd=root, check=True)
+    cmd = [
+        sys.executable, "-m", "niels_gpt_contracts.cli", "mutants", "--repo", str(root),
+        "--mutant", "hangs", "--jobs", "1", "--timeout", "300", "--all",
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(root / "packages/tiny/src")}
+    _ends_everything(cmd, signal.SIGTERM, env)
 
 
 def test_the_handlers_are_the_callers_again_after_the_verdict() -> None:

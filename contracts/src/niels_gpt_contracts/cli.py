@@ -288,6 +288,10 @@ def _progress(line: str) -> None:
 
 
 def _main_mutants(args: argparse.Namespace) -> int:
+    return _ending(lambda: _mutants(args))
+
+
+def _mutants(args: argparse.Namespace) -> int:
     render = mutants_report.render_json if args.format == "json" else mutants_report.render_text
     opts = mutants_runner.Options(
         repo=args.repo,
@@ -302,6 +306,9 @@ def _main_mutants(args: argparse.Namespace) -> int:
     )
     try:
         result = mutants_runner.run(opts)
+    except processes.Ended as err:
+        sys.stderr.write(f"contracts: error: {err}: every mutant run was killed; no result\n")
+        return EXIT_ERROR
     except ConfigError as err:  # SpecErrors included
         sys.stderr.write(f"contracts: error: {err}\n")
         if args.format != "text":
@@ -352,11 +359,19 @@ def _main_pr(args: argparse.Namespace) -> int:
         oracle_seed=args.oracle_seed,
         full=args.full,
     )
+    return _ending(
+        lambda: _judged(lambda: pr_verdict.run(request, _progress), render, render_error, args)
+    )
+
+
+def _ending(work: Callable[[], int]) -> int:
+    """``work()`` with the ending signals handled: a SIGTERM, SIGINT, SIGHUP or SIGQUIT
+    kills every process it started and exits 2 at once (never 0), one line on stderr."""
     code = EXIT_ERROR
     try:
         with processes.ending_on_signals(EXIT_ERROR):
-            code = _judged(lambda: pr_verdict.run(request, _progress), render, render_error, args)
-    except processes.Ended as err:  # it came while an error or the verdict was being reported
+            code = work()
+    except processes.Ended as err:  # it came while an error or the result was being reported
         sys.stderr.write(f"contracts: error: {err}: every worker of the verdict was killed\n")
     if processes.ended() is not None:
         # Threads of the verdict may still hold workers: end the tree and the process now.
