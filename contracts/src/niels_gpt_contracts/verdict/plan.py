@@ -36,6 +36,7 @@ class Plan:
     reference_from_head: list[str] = field(default_factory=list)
     pr_support: list[str] = field(default_factory=list)  # head files the PR tests may import
     pr_tests: list[str] = field(default_factory=list)
+    own_tests_touched: bool = False  # the PR changed, added or deleted a file of its tests/
 
     @property
     def reference_files(self) -> list[str]:
@@ -122,6 +123,7 @@ def make_plan(
             )
             (plan.reference_from_head if line_edited else plan.reference_from_base).append(path)
     own = f"{stage.package}/tests/"
+    plan.own_tests_touched = any(p.startswith(own) for c in changes for p in c.paths())
     plan.pr_support = sorted(p for p in head_files if p.startswith(own) and p.endswith(".py"))
     plan.pr_tests = sorted(
         p
