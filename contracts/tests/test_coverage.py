@@ -17,6 +17,7 @@ from gatekit import Repo, rules
 from niels_gpt_contracts.checks.coverage import check_coverage, swept_axes
 from niels_gpt_contracts.checks.loading import load_specs
 from niels_gpt_contracts.gitdiff import GitRepo, Tree, WorkingTree
+from niels_gpt_contracts.spec import Spec
 
 ROOT = Path(__file__).resolve().parents[2]
 DECLARING = ("rope", "attention", "block", "backbone_v1")
@@ -37,7 +38,7 @@ class _Dict(Tree):
         return self._files.get(path)
 
 
-def _real() -> tuple[dict[str, object], dict[str, str]]:
+def _real() -> tuple[dict[str, Spec], dict[str, str]]:
     tree = WorkingTree(GitRepo.discover(ROOT))
     specs = load_specs(tree)
     texts = {f: t for f, t in tree.read_many(tree.files()).items() if f.startswith("specs/") and t}
@@ -48,8 +49,8 @@ def _real() -> tuple[dict[str, object], dict[str, str]]:
 def test_the_real_drivers_sweep_every_declared_axis(stage: str) -> None:
     specs, texts = _real()
     spec = specs[stage]
-    assert spec.oracle is not None and {"magnitude", "grad2", "history"} <= set(spec.oracle.axes)  # type: ignore[attr-defined]
-    assert check_coverage(spec, _Dict(texts)) == []  # type: ignore[arg-type]
+    assert spec.oracle is not None and {"magnitude", "grad2", "history"} <= set(spec.oracle.axes)
+    assert check_coverage(spec, _Dict(texts)) == []
 
 
 @pytest.mark.parametrize("stage", DECLARING)
@@ -62,7 +63,7 @@ def test_an_axis_taken_out_of_the_driver_is_named(stage: str, axis: str) -> None
         f: t.replace(f'"{axis}"', '"elsewhere"') if f.startswith(own) else t
         for f, t in texts.items()
     }
-    found = check_coverage(spec, _Dict(cut))  # type: ignore[arg-type]
+    found = check_coverage(spec, _Dict(cut))
     assert [(v.rule, v.stage) for v in found] == [("oracle.coverage", stage)]
     assert f"'{axis}'" in found[0].message
 
