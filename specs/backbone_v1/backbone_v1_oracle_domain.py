@@ -59,6 +59,17 @@ def _score_bound(block: Block, x: torch.Tensor) -> int:
     return int(top) + 1
 
 
+def _gpt_bound(gpt: GPT, ids: torch.Tensor) -> int:
+    """The largest ``_score_bound`` over ``gpt``'s blocks, each on its own input."""
+    top = 0
+    with torch.no_grad():
+        h = gpt.tok_emb(ids)  # (B, T, C): the first block's input
+        for block in gpt.blocks:
+            top = max(top, _score_bound(block, h))  # type: ignore[arg-type]
+            h = block(h)  # (B, T, C)
+    return top
+
+
 def _magnitude(o: Oracle) -> None:
     if not o.wants("domain/magnitude/block/s=1"):
         return
@@ -71,8 +82,7 @@ def _magnitude(o: Oracle) -> None:
         n = max(SMALL.d_ff, 20, _score_bound(block, x))
         gpt = GPT(SMALL).double().eval()
         o.load_weights(gpt, "mag-gpt", scale=s / SMALL.C**0.5)
-        h = gpt.tok_emb(ids)  # (2, 20, C): the first block's input
-        m = max(SMALL.d_ff, SMALL.V, 20, _score_bound(gpt.blocks[0], h))  # type: ignore[arg-type]
+        m = max(SMALL.d_ff, SMALL.V, 20, _gpt_bound(gpt, ids))
         with torch.no_grad():
             o.call(
                 f"domain/magnitude/block/s={s:g}",
