@@ -17,7 +17,9 @@ from gatekit import Repo, rules
 from niels_gpt_contracts.checks.coverage import check_coverage, swept_axes
 from niels_gpt_contracts.checks.loading import load_specs
 from niels_gpt_contracts.gitdiff import GitRepo, Tree, WorkingTree
+from niels_gpt_contracts.sandbox.oracle_run import Call, Stream
 from niels_gpt_contracts.spec import Spec
+from niels_gpt_contracts.verdict.oracle import _unswept
 
 ROOT = Path(__file__).resolve().parents[2]
 DECLARING = ("rope", "attention", "block", "backbone_v1")
@@ -126,3 +128,22 @@ def test_a_spec_amendment_whose_driver_leaves_an_axis_unswept_is_refused(
     assert (code, ("oracle.coverage", "specs/alpha.toml") in rules(out)) == (
         (0, False) if swept else (1, True)
     ), out
+
+
+def _answer(stage: str, name: str, axes: tuple[str, ...]) -> Call:
+    return Call(stage, name, "", 1, 1, (), (), None, None, None, "", {}, (), {}, axes)
+
+
+def test_the_verdict_sees_which_axes_the_trusted_calls_carried() -> None:
+    """At verdict time the base's (and reference's) calls must carry every declared axis."""
+    spec = _real()[0]["rope"]
+    assert spec.oracle is not None
+    base, ref = Stream("base"), Stream("reference")
+    for i, axis in enumerate(spec.oracle.axes):
+        (ref if axis == "errors" else base).calls[("rope", f"c{i}")] = _answer(
+            "rope", f"c{i}", (axis,)
+        )
+    assert _unswept([spec], [base, ref]) is None
+    del ref.calls[("rope", f"c{spec.oracle.axes.index('errors')}")]
+    base.calls[("attention", "x")] = _answer("attention", "x", ("errors",))  # another stage's
+    assert _unswept([spec], [base, ref]) == "rope: errors"

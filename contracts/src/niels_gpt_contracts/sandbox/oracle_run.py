@@ -72,6 +72,7 @@ class Call:
     values: Mapping[str, Any]
     casts: tuple[str, ...]
     outputs: dict[str, Output]
+    axes: tuple[str, ...] = ()  # the spec's domain axes the driver says this call sweeps
 
 
 @dataclass
@@ -187,7 +188,14 @@ def _call(head: dict[str, Any], outputs: dict[str, Output]) -> Call:
         values=values,
         casts=tuple(_str(c, "a cast") for c in casts),
         outputs=outputs,
+        axes=tuple(_str(a, "an axis") for a in _list(head.get("axes", []), "axes")),
     )
+
+
+def _list(value: Any, what: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise Unreadable(f"expected a list of {what}, found {type(value).__name__}")
+    return value
 
 
 def read_stream(pipe: BinaryIO, stream: Stream) -> bool:
