@@ -358,43 +358,27 @@ def _dtypes_configs(o: Oracle) -> None:
 
 def _errors(o: Oracle) -> None:
     gpt = _gpt(o, SMALL, "errors-w", torch.float32).eval()
-    cases = {
-        "ids-negative": torch.full((1, 4), -1),
-        "ids-int32": torch.zeros(1, 4, dtype=torch.int32),
-        "ids-meta": torch.zeros(1, 4, dtype=torch.int64, device="meta"),
-        "ids-rank3": torch.zeros(1, 4, 1, dtype=torch.int64),
-        "ids-empty": torch.zeros(1, 0, dtype=torch.int64),
-    }
-    for what, z in cases.items():
-        o.call(
-            f"domain/errors/{what}",
-            partial(gpt, z),
-            desc=f"bad input: {what}",
-            stages=1,
-            reduction=1,
-            axes=("errors",),
-        )
     block = Block(SMALL).eval()
-    for what, x in {
-        "block-rank2": torch.zeros(4, 16),
-        "block-f16": torch.zeros(1, 4, 16).half(),
-    }.items():
+    ids = torch.zeros(1, 4, dtype=torch.int64)  # (1, 4)
+    cases: dict[str, Any] = {
+        "ids-negative": partial(gpt, torch.full((1, 4), -1)),
+        "ids-int32": partial(gpt, ids.int()),
+        "ids-meta": partial(gpt, ids.to("meta")),
+        "ids-rank3": partial(gpt, ids[..., None]),
+        "ids-empty": partial(gpt, ids[:, :0]),
+        "block-rank2": partial(block, torch.zeros(4, 16)),
+        "block-f16": partial(block, torch.zeros(1, 4, 16).half()),
+        "trace-layer-negative": partial(gpt.forward_with_attn_trace, ids, -1),
+    }
+    for what, fn in cases.items():
         o.call(
             f"domain/errors/{what}",
-            partial(block, x),
+            fn,
             desc=f"bad input: {what}",
             stages=1,
             reduction=1,
             axes=("errors",),
         )
-    o.call(
-        "domain/errors/trace-layer-negative",
-        partial(gpt.forward_with_attn_trace, torch.zeros(1, 4, dtype=torch.int64), -1),
-        desc="trace_layer = -1",
-        stages=1,
-        reduction=1,
-        axes=("errors",),
-    )
 
 
 def calls(o: Oracle) -> None:
