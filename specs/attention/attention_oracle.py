@@ -304,7 +304,7 @@ def calls(o: Oracle) -> None:
 
 
 def _domain() -> Any:
-    """``attention_oracle_domain.py`` beside this file: 2.1's domain sweeps (``domain/...``)."""
+    """``attention_oracle_domain.py`` beside this file: 2.2's domain sweeps (``domain/...``)."""
     path = Path(__file__).with_name("attention_oracle_domain.py")
     spec = importlib.util.spec_from_file_location("_attention_oracle_domain", path)
     assert spec is not None and spec.loader is not None
@@ -317,7 +317,7 @@ _Driver = TypeVar("_Driver", bound="Callable[[Oracle], None]")
 
 
 def _then_domain(first: _Driver) -> _Driver:
-    """``first``'s calls, then the domain sweeps (2.1: added after 2.0's calls, unchanged)."""
+    """``first``'s calls, then the domain sweeps (2.2: added after 2.0's calls, unchanged)."""
 
     def both(o: Oracle) -> None:
         first(o)

@@ -1,4 +1,4 @@
-"""attention 2.1's domain sweeps (loaded by ``attention_oracle.calls``; calls ``domain/...``).
+"""attention 2.2's domain sweeps (loaded by ``attention_oracle.calls``; calls ``domain/...``).
 
 Each call names the spec's ``[oracle].axes`` it sweeps (``contracts check``
 refuses the spec when one is never named). All compared with the base's

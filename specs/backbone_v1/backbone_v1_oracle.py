@@ -229,7 +229,7 @@ def calls(o: Oracle) -> None:
 
 
 def _domain() -> Any:
-    """``backbone_v1_oracle_domain.py`` beside this file: 2.3's domain sweeps (``domain/...``)."""
+    """``backbone_v1_oracle_domain.py`` beside this file: 2.4's domain sweeps (``domain/...``)."""
     path = Path(__file__).with_name("backbone_v1_oracle_domain.py")
     spec = importlib.util.spec_from_file_location("_backbone_v1_oracle_domain", path)
     assert spec is not None and spec.loader is not None
@@ -242,7 +242,7 @@ _Driver = TypeVar("_Driver", bound="Callable[[Oracle], None]")
 
 
 def _then_domain(first: _Driver) -> _Driver:
-    """``first``'s calls, then the domain sweeps (2.3: added after the earlier calls, unchanged)."""
+    """``first``'s calls, then the domain sweeps (2.4: added after the earlier calls, unchanged)."""
 
     def both(o: Oracle) -> None:
         first(o)

@@ -1,4 +1,4 @@
-"""backbone_v1 2.3's domain sweeps (loaded by ``backbone_v1_oracle.calls``; ``domain/...``).
+"""backbone_v1 2.4's domain sweeps (loaded by ``backbone_v1_oracle.calls``; ``domain/...``).
 
 Each call names the spec's ``[oracle].axes`` it sweeps (``contracts check``
 refuses the spec when one is never named). All compared with the base's

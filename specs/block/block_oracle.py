@@ -167,7 +167,7 @@ def calls(o: Oracle) -> None:
 
 
 def _domain() -> Any:
-    """``block_oracle_domain.py`` beside this file: 1.7's domain sweeps (``domain/...``)."""
+    """``block_oracle_domain.py`` beside this file: 1.8's domain sweeps (``domain/...``)."""
     path = Path(__file__).with_name("block_oracle_domain.py")
     spec = importlib.util.spec_from_file_location("_block_oracle_domain", path)
     assert spec is not None and spec.loader is not None
@@ -180,7 +180,7 @@ _Driver = TypeVar("_Driver", bound="Callable[[Oracle], None]")
 
 
 def _then_domain(first: _Driver) -> _Driver:
-    """``first``'s calls, then the domain sweeps (1.7: added after the earlier calls, unchanged)."""
+    """``first``'s calls, then the domain sweeps (1.8: added after the earlier calls, unchanged)."""
 
     def both(o: Oracle) -> None:
         first(o)

@@ -1,4 +1,4 @@
-"""block 1.7's domain sweeps (loaded by ``block_oracle.calls``; calls ``domain/...``).
+"""block 1.8's domain sweeps (loaded by ``block_oracle.calls``; calls ``domain/...``).
 
 Each call names the spec's ``[oracle].axes`` it sweeps (``contracts check``
 refuses the spec when one is never named). All compared with the base's

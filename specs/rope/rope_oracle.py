@@ -91,7 +91,7 @@ def calls(o: Oracle) -> None:
 
 
 def _domain() -> Any:
-    """``rope_oracle_domain.py`` beside this file: 1.3's domain sweeps (``domain/...``)."""
+    """``rope_oracle_domain.py`` beside this file: 1.4's domain sweeps (``domain/...``)."""
     path = Path(__file__).with_name("rope_oracle_domain.py")
     spec = importlib.util.spec_from_file_location("_rope_oracle_domain", path)
     assert spec is not None and spec.loader is not None
@@ -104,7 +104,7 @@ _Driver = TypeVar("_Driver", bound="Callable[[Oracle], None]")
 
 
 def _then_domain(first: _Driver) -> _Driver:
-    """``first``'s calls, then the domain sweeps (1.3: added after the earlier calls, unchanged)."""
+    """``first``'s calls, then the domain sweeps (1.4: added after the earlier calls, unchanged)."""
 
     def both(o: Oracle) -> None:
         first(o)

@@ -1,4 +1,4 @@
-"""rope 1.3's domain sweeps (loaded by ``rope_oracle.calls``; calls ``domain/...``).
+"""rope 1.4's domain sweeps (loaded by ``rope_oracle.calls``; calls ``domain/...``).
 
 Each call names the spec's ``[oracle].axes`` it sweeps (``contracts check``
 refuses the spec when one is never named). All compared with the base's
