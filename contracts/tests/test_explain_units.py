@@ -102,6 +102,13 @@ def test_differs_words_name_the_kind_and_the_axis() -> None:
     assert explain.differs("bad", "", raised, replace(w, error="TypeError"), exact=False) == (
         "raised ValueError where the base raised TypeError"
     )
+    eval_ = "B=3 T=128 C=8 cfg.T=1024 f64 eval no_grad"
+    assert explain.differs("c/eval", eval_, w, w, exact=False) == (
+        "output differs from the base's at T=128, B=3"
+    )
+    assert explain.differs("c", "cfg.T=1024 trace", w, w, exact=False) == (
+        "traced activations differ from the base's"
+    )
     assert explain.differs("c/grad2", "", w, w, exact=False).startswith("second derivative")
     assert explain.differs("c/backward", "", w, w, exact=False).startswith("gradient")
 

@@ -31,7 +31,7 @@ from niels_gpt_contracts.sandbox.oracle_run import Call
 from niels_gpt_contracts.spec import Spec
 
 FOLLOWS = "oracle.follows"
-SIZE = re.compile(r"\b(B|T|t|scale)[= ](\d+(?:\.\d+)?)")
+SIZE = re.compile(r"(?<![\w.])(B|T|t|scale)[= ](\d+(?:\.\d+)?)")  # not cfg.T=
 SCALE = re.compile(r"\bscale[= ]?(\d+(?:\.\d+)?)")
 RELATION_WORDS = {
     "upper_zero": "causality: the probabilities put weight on later positions",
@@ -80,16 +80,17 @@ def _special(got: Call, want: Call) -> str | None:
 
 
 def _what(name: str, desc: str) -> str:
-    text = f"{name} {desc}".lower()
+    """What kind of answer changed, with its verb: ``gradient differs``."""
+    text = f"{name} {desc}".lower().replace("no_grad", "")
     if any(w in text for w in ("grad2", "second", "double backward", "hessian")):
-        return "second derivative"
+        return "second derivative differs"
     if "backward" in text or "grad" in text:
-        return "gradient"
+        return "gradient differs"
     if "generate" in text:
-        return "generated tokens"
+        return "generated tokens differ"
     if "trace" in text:
-        return "traced activations"
-    return "output"
+        return "traced activations differ"
+    return "output differs"
 
 
 def differs(name: str, desc: str, got: Call, want: Call, *, exact: bool) -> str:
@@ -110,7 +111,7 @@ def differs(name: str, desc: str, got: Call, want: Call, *, exact: bool) -> str:
     special = _special(got, want)
     if special:
         return f"{special}{axis or ' in ' + name} where {side}'s answer is finite"
-    return f"{_what(name, desc)} differs from {side}'s{axis}"
+    return f"{_what(name, desc)} from {side}'s{axis}"
 
 
 def relation(rel: Mapping[str, Any]) -> str:
