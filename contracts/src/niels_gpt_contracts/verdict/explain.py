@@ -20,6 +20,7 @@ Words come from the trusted driver's call names, descriptions and relations
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -168,10 +169,12 @@ def summarise(
         else:
             out.append(v)
     for owner, rows in folded.items():
-        kinds = sorted({r.rule.removeprefix("oracle.") for r in rows})
+        n = Counter(r.rule for r in rows)
+        parts = [f"{n['oracle.differs']} differing call(s)"] if n["oracle.differs"] else []
+        parts += [f"{n['oracle.invariant']} broken invariant(s)"] if n["oracle.invariant"] else []
         line = (
-            f"{owner}: follows from {pr_stage}: {len(rows)} call(s) {' and '.join(kinds)} "
-            f"too; {owner} calls {pr_stage}, which this PR changes (its rows say what broke)"
+            f"{owner}: follows from {pr_stage}: {' and '.join(parts)} there too; {owner} "
+            f"depends on {pr_stage}, which this PR changes (see {pr_stage}'s rows)"
         )
         at = out.index(rows[0])
         out[at] = replace(rows[0], rule=FOLLOWS, path=None, line=None, message=line)
