@@ -3,7 +3,8 @@
 ``calls(o)`` drives the stage's public API with weights, ids and knobs drawn
 from the verdict's secret seed:
 
-- cached forwards: a GPT switched with ``use_kv_cache`` is fed its context in
+- cached forwards: a GPT switched with ``use_kv_cache`` (two of six runs also
+  with ``use_fast_attention``: the fast path's kernel on a cache) is fed its context in
   chunks of drawn sizes (1 to 64 tokens, sometimes up to the rest of the
   context) until the cache holds ``cfg.T`` positions, so calls land at many
   cache lengths and chunk sizes; each chunk's logits are compared with the
@@ -52,7 +53,8 @@ def _gpt(o: Oracle, cfg: ModelConfig, tag: str, dtype: torch.dtype) -> GPT:
 
 
 def _chunks(o: Oracle, run: int) -> None:
-    """One context fed in drawn chunks through the cache, then uncached."""
+    """One context fed in drawn chunks through the cache, then uncached; runs 4 and 5
+    on a fast-path model (its kernel then serves every cached chunk)."""
     r = o.rng(f"chunks{run}")
     big = run == 0
     cfg = ModelConfig(
@@ -67,9 +69,13 @@ def _chunks(o: Oracle, run: int) -> None:
     )
     dtype = torch.float64 if run % 2 else torch.float32
     gpt = _gpt(o, cfg, f"chunks{run}-w", dtype)
+    fast = run >= 4
+    if fast:
+        use_fast_attention(gpt)
     b = r.randint(1, 3)
     ids = o.randint(cfg.V, b, cfg.T, tag=f"chunks{run}-ids")  # (B, T)
-    name, about = f"chunks{run}", f"B={b} V={cfg.V} C={cfg.C} L={cfg.L} cfg.T={cfg.T} {dtype}"
+    name = f"chunks{run}"
+    about = f"B={b} V={cfg.V} C={cfg.C} L={cfg.L} cfg.T={cfg.T} {dtype} fast={fast}"
     spans: list[tuple[int, int]] = []
     use_kv_cache(gpt, b)
     p = 0
@@ -234,7 +240,7 @@ def _filters_and_bad(o: Oracle) -> None:
 
 def calls(o: Oracle) -> None:
     """Every call of the kv_cache stage's oracle."""
-    for run in range(4):
+    for run in range(6):
         _chunks(o, run)
     _traces(o)
     _generate(o)

@@ -257,6 +257,7 @@ def _run(box: Sandbox, job: Job, site: Path, timeout: float) -> Stream:
     request = {**job.request, "fd": write_fd, "roots": [str(site)]}
     worker = Path(box.boot) / "niels_gpt_contracts" / "sandbox" / WORKER
     start = time.monotonic()
+    processes.refuse_if_ended()
     proc = subprocess.Popen(
         [box.python, "-I", str(worker)],
         env=_environ(box, job.threads),
