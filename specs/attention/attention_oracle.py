@@ -64,12 +64,16 @@ EDGES = (
     1023,
     1024,
 )
+CAUSAL_PROBS = "causality: the probabilities put weight on later positions"
+ROWS = "batch independence: row 0 changed when only rows 1.. changed"
 WIDTHS = ((8, 2), (16, 2), (32, 4), (48, 6), (64, 4), (128, 8), (256, 8), (512, 8))
 
 
-def _eq(o: Oracle, call: str, other: str, key: str, dim: int, hi: int) -> dict[str, Any]:
+def _eq(
+    o: Oracle, call: str, other: str, key: str, dim: int, hi: int, says: str = ""
+) -> dict[str, Any]:
     """``call``'s and ``other``'s ``key`` agree on ``[0, hi)`` along ``dim``."""
-    return o.equal((call, key, ((dim, 0, hi),)), (other, key, ((dim, 0, hi),)))
+    return o.equal((call, key, ((dim, 0, hi),)), (other, key, ((dim, 0, hi),)), says=says)
 
 
 def _module(o: Oracle, cfg: ModelConfig, tag: str, dtype: torch.dtype) -> CausalSelfAttention:
@@ -140,7 +144,9 @@ def _one_config(o: Oracle, i: int) -> None:
                 stages=4,
                 reduction=d,
                 rules=RULES,
-                relations=[o.upper_zero((f"{name}/eval", "1", ()))] if probs else (),
+                relations=[o.upper_zero((f"{name}/eval", "1", ()), says=CAUSAL_PROBS)]
+                if probs
+                else (),
             )
         with torch.inference_mode():
             o.call(
@@ -185,6 +191,9 @@ def _train(
     if t > 1:
         cut = r.randint(1, t - 1)
         later = x.clone()  # (B, T, C)
+        causal = (
+            f"causality: outputs at positions 0..{cut - 1} changed when only tokens {cut}.. did"
+        )
         later[:, cut:] = 1000.0 * o.randn(b, t - cut, c, tag=f"{name}-far", dtype=x.dtype)
         o.call(
             f"{name}/train-future",
@@ -194,7 +203,7 @@ def _train(
             reduction=d,
             rules=RULES,
             compare=(),  # x1000 inputs: outside the bound's unit scale; invariant only
-            relations=[_eq(o, f"{name}/train", f"{name}/train-future", y, 1, cut)],
+            relations=[_eq(o, f"{name}/train", f"{name}/train-future", y, 1, cut, says=causal)],
         )
     if b > 1:
         rows = x.clone()  # (B, T, C)
@@ -207,7 +216,7 @@ def _train(
             reduction=d,
             rules=RULES,
             compare=keys,
-            relations=[_eq(o, f"{name}/train", f"{name}/train-rows", y, 0, 1)],
+            relations=[_eq(o, f"{name}/train", f"{name}/train-rows", y, 0, 1, says=ROWS)],
         )
     if attn.cfg.dropout == 0.0:
         o.call(

@@ -202,6 +202,13 @@ def _add_pr_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
         metavar="N",
         help="replay the oracle with the seed a verdict printed (default: a fresh secret one)",
     )
+    pr.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="where a BROKEN oracle row's reproducer goes (default: <repo>/reports/oracle)",
+    )
     pr.add_argument("--format", choices=sorted(FORMATS), default="text")
     _add_output_and_repo(pr)
 
@@ -357,6 +364,7 @@ def _main_pr(args: argparse.Namespace) -> int:
         timeout=args.timeout,
         mutants=not args.skip_mutants,
         oracle_seed=args.oracle_seed,
+        out=args.out,
         full=args.full,
     )
     return _ending(

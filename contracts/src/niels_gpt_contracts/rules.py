@@ -374,6 +374,14 @@ RULES: dict[str, RuleDoc] = {
         "alone, a cached call equals the uncached one, probabilities are causal.",
         "Reproduce the two calls the message names and make the invariant hold.",
     ),
+    "oracle.follows": RuleDoc(
+        "A stage that calls the changed one fails the oracle too.",
+        "A stage that depends on the stage the PR changes calls its code, so a change of "
+        "behaviour there shows up in every dependant's calls. One line per dependant says "
+        "so instead of repeating the numbers against files the PR never touched; the "
+        "changed stage's own rows say what broke.",
+        "Fix the changed stage's rows; the dependants' follow.",
+    ),
     "oracle.error": RuleDoc(
         "The oracle could not get an answer from the PR's code.",
         "The PR's worker must import every stage of the tree and run every driver to its "

@@ -106,6 +106,7 @@ class Oracle:
         self._rng0 = torch.get_rng_state()  # unseeded, as torch left it
         self.labels: dict[str, str] = {}  # profiler label -> call name, watched calls only
         self.profiler: Any = None  # the worker's profiler session, when calls are watched
+        self.capture: Any = None  # a capture run: _oracle_capture.capture, sent before each call
 
     # --- draws ---------------------------------------------------------------
     def rng(self, tag: str) -> random.Random:
@@ -158,23 +159,24 @@ class Oracle:
         module.load_state_dict(drawn, strict=True)
 
     # --- invariants -----------------------------------------------------------
+    # ``says``: what the relation means, in words a failing verdict prints first.
     @staticmethod
-    def equal(lhs: Ref, rhs: Ref) -> dict[str, Any]:
+    def equal(lhs: Ref, rhs: Ref, says: str = "") -> dict[str, Any]:
         """Relation: two slices (of this or earlier calls) agree within the tolerance.
 
         A ``Ref`` is ``(call name, output key, ((dim, start, stop), ...))``.
         """
-        return {"kind": "equal", "lhs": _ref(lhs), "rhs": _ref(rhs)}
+        return {"kind": "equal", "lhs": _ref(lhs), "rhs": _ref(rhs), "says": says}
 
     @staticmethod
-    def zero(ref: Ref) -> dict[str, Any]:
+    def zero(ref: Ref, says: str = "") -> dict[str, Any]:
         """Relation: every value of the slice is exactly zero (padded positions' logits)."""
-        return {"kind": "zero", "lhs": _ref(ref)}
+        return {"kind": "zero", "lhs": _ref(ref), "says": says}
 
     @staticmethod
-    def upper_zero(ref: Ref) -> dict[str, Any]:
+    def upper_zero(ref: Ref, says: str = "") -> dict[str, Any]:
         """Relation: above the diagonal of the last two dims the slice is exactly zero."""
-        return {"kind": "upper_zero", "lhs": _ref(ref)}
+        return {"kind": "upper_zero", "lhs": _ref(ref), "says": says}
 
     # --- calls ---------------------------------------------------------------
     def wants(self, name: str) -> bool:
@@ -214,6 +216,8 @@ class Oracle:
             return
         self._index += 1
         self._name = name
+        if self.capture is not None:
+            self.capture(self._frames, _encode, self.stage, name, fn)
         torch.set_rng_state(self._rng0)  # the same dropout draws for every call
         header: dict[str, Any] = {
             "kind": "call",

@@ -10,7 +10,8 @@ appended the way an installed wheel would be found.
 
 stdin carries one JSON request, read whole before any stage code runs:
 ``{"seed", "fd", "roots", "names", "preload", "references", "drivers":
-[{"stage", "file", "function", "watch": {rule: casts}, "only" | "skip": [...]}]}``.
+[{"stage", "file", "function", "watch": {rule: casts}, "only" | "skip": [...],
+"capture"?}]}`` (``capture``: send each call's recipe first, ``_oracle_capture``).
 Answers go to file descriptor ``fd`` (a pipe the stage code has no name for)
 as frames (see ``_oracle_kit.Frames``): one per call, one ``ops`` frame per
 stage whose calls were watched, ``driver-error`` or ``fatal`` frames, and a
@@ -117,6 +118,9 @@ def main() -> None:
             return not kit.matches(skip, call)
 
         oracle = kit.Oracle(stage, int(request["seed"]), frames, run=runs, watch=watch)
+        if driver.get("capture"):  # a reproducer's run: each call's recipe before its answer
+            cap = _load("_oracle_capture", str(Path(__file__).with_name("_oracle_capture.py")))
+            oracle.capture = cap.capture
         try:
             fn = getattr(_load(f"_oracle_driver_{stage}", driver["file"]), driver["function"])
             if watch:

@@ -43,7 +43,8 @@ def names_phase(v: State) -> Iterator[Outcome]:
 def oracle_phase(v: State) -> Iterator[Outcome]:
     assert v.box is not None and v.w is not None
     code = (v.w.head, v.w.base)
-    yield oracle.judge(v.ctx, v.plan, v.box, code, v.say, v.request.oracle_seed)
+    out = v.request.out or v.request.repo / "reports" / "oracle"
+    yield oracle.judge(v.ctx, v.plan, v.box, code, v.say, v.request.oracle_seed, out=out)
 
 
 def weakened_phase(v: State) -> Iterator[Outcome]:

@@ -33,7 +33,7 @@ from niels_gpt_contracts.sandbox import oracle_run, workspace
 from niels_gpt_contracts.sandbox.environment import Sandbox
 from niels_gpt_contracts.sandbox.oracle_run import Job, Stream
 from niels_gpt_contracts.spec import Spec
-from niels_gpt_contracts.verdict import plan
+from niels_gpt_contracts.verdict import explain, plan, repro
 from niels_gpt_contracts.verdict.oracle_compare import Judge
 
 CHECK = "oracle:cpu"
@@ -115,8 +115,11 @@ def judge(
     say: Callable[[str], None],
     seed: int | None = None,
     timeout: float = 900.0,
+    out: Path | None = None,
 ) -> Outcome:
     """The ``oracle:cpu`` row; ``code`` holds the head's and the base's written sources.
+
+    A BROKEN row names a reproducer written under ``out`` (``verdict.repro``).
 
     Raises:
         ConfigError: the base's or the reference's worker failed (no verdict).
@@ -154,7 +157,52 @@ def judge(
     unswept = _unswept(stages, [streams[1], ref])
     if unswept:
         raise ConfigError(f"the oracle's trusted drivers left a declared axis unswept: {unswept}")
-    return _decide(stage, stages, based, refs, streams[0], streams[1], ref, seed)
+    depends = explain.depends(ctx.specs)
+    outcome, j = _decide(stage, stages, based, refs, streams[0], streams[1], ref, seed, depends)
+    picks = explain.smallest(j.failed, stage)
+    if out is not None and picks:
+        _reproduce(ctx, p.stage, box, (code, root), timeout, seed, outcome, picks, {
+            False: streams[1], True: ref
+        }, out)  # fmt: skip
+    return outcome
+
+
+def _reproduce(
+    ctx: pr_context.PrContext,
+    spec: Spec,
+    box: Sandbox,
+    where: tuple[tuple[Path, Path], Path],
+    timeout: float,
+    seed: int,
+    outcome: Outcome,
+    picks: list[explain.Failed],
+    wants: dict[bool, Stream],
+    out: Path,
+) -> None:
+    """Capture ``picks`` on the PR's code (in a worker) and name the reproducer in ``outcome``."""
+    code, root = where
+    request = {
+        "seed": seed,
+        "names": sorted(namespaces(ctx.specs)),
+        "references": {},
+        "preload": _modules(list(ctx.specs.values()), set(ctx.head_tree.files())),
+        "drivers": [{**_entry(spec, root, only=[f.name for f in picks]), "capture": True}],
+    }
+    job = Job("capture", workspace.src_roots(code[0]), request)
+    (got,), changed = oracle_run.run(box, [job], timeout, watched=[root, *code])
+    if changed:
+        why = f"{changed[0]} changed while the reproducer's capture ran"
+        outcome.violations.append(
+            Violation("sandbox.tampered", changed[0], None, why, spec.id, CHECK)
+        )
+        return
+    names = {n for s in ctx.specs.values() for n in _modules([s], set(s.module_files))}
+    try:
+        script = repro.write(out, spec.id, picks, got, wants, names)
+        outcome.summary += f"; reproducer: {script}"
+    except repro.Refused as err:
+        problem = got.problem or got.fatal or got.driver_errors.get(spec.id)
+        outcome.summary += f"; no reproducer ({err}{'; ' + problem if problem else ''})"
 
 
 def _unswept(stages: list[Spec], trusted: list[Stream]) -> str | None:
@@ -183,12 +231,13 @@ def _decide(
     base: Stream,
     ref: Stream,
     seed: int,
-) -> Outcome:
+    depends: dict[str, set[str]],
+) -> tuple[Outcome, Judge]:
     j = Judge(stage, CHECK)
     problem = head.problem or head.fatal
     if problem:
         j.add(stages[0], "oracle.error", f"the PR's code gave no usable answer: {problem}")
-        return Outcome(stage, CHECK, BROKEN, "the PR's oracle worker failed", j.found)
+        return Outcome(stage, CHECK, BROKEN, "the PR's oracle worker failed", j.found), j
     for spec in stages:
         if spec in based:
             j.stage(spec, head, base, exact=False, what="differs from the base's")
@@ -197,11 +246,11 @@ def _decide(
             j.stage(spec, head, ref, exact=True, what="differs from the float64 reference's")
             j.runtime(spec, head, ref)
     if j.found:
-        return Outcome(
-            stage, CHECK, BROKEN, f"{len(j.found)} violation(s) (seed {seed:#x})", j.found
-        )
+        found = explain.summarise(j.found, j.owners, stage, depends)
+        summary = f"{len(found)} violation(s) (seed {seed:#x})"
+        return Outcome(stage, CHECK, BROKEN, summary, found), j
     summary = (
         f"{j.compared} calls of {len(stages)} stage(s) agree, {j.relations} invariants hold "
         f"(seed {seed:#x})"
     )
-    return Outcome(stage, CHECK, KEPT, summary)
+    return Outcome(stage, CHECK, KEPT, summary), j

@@ -19,7 +19,7 @@ from typing import Any
 from niels_gpt_contracts.result import Violation
 from niels_gpt_contracts.sandbox.oracle_run import Call, Stream
 from niels_gpt_contracts.spec import Spec
-from niels_gpt_contracts.verdict import tolerance
+from niels_gpt_contracts.verdict import explain, tolerance
 
 MAX_PER_STAGE = 3  # violations reported per stage: the first differing calls
 
@@ -31,14 +31,17 @@ class Judge:
         self.pr_stage = pr_stage
         self.check = check
         self.found: list[Violation] = []
+        self.owners: list[str] = []  # the stage each of ``found`` is about
         self.compared = 0
         self.relations = 0
+        self.failed: list[explain.Failed] = []  # every call that differed, for the reproducer
 
     def add(self, spec: Spec, rule: str, message: str, *, line: int | None = None) -> None:
         path = spec.path if rule.startswith(("runtime.", "oracle.error")) else spec.module_files[0]
         self.found.append(
             Violation(rule, path, line, f"{spec.id}: {message}", self.pr_stage, self.check)
         )
+        self.owners.append(spec.id)
 
     def stage(self, spec: Spec, head: Stream, ref: Stream, *, exact: bool, what: str) -> None:
         """Every call of ``spec``'s stage that ``ref`` answered, against ``head``'s answer,
@@ -62,7 +65,11 @@ class Judge:
             self.compared += 1
             problem = _differs(got, want, exact=exact)
             if problem:
-                self.add(spec, "oracle.differs", f"call {name} ({want.desc}) {what}: {problem}")
+                self.failed.append(explain.Failed(spec.id, name, want.desc, exact))
+                words = explain.differs(name, want.desc, got, want, exact=exact)
+                msg = f"{words}: call {name} ({want.desc}) {what}: {problem}"
+                self.add(spec, "oracle.differs", msg)
+        before = len(self.found)  # invariants have their own budget: they say what broke
         for want in (c for (s, _), c in ref.calls.items() if s == spec.id):
             for relation in want.relations:
                 if len(self.found) - before >= MAX_PER_STAGE:
@@ -70,7 +77,9 @@ class Judge:
                 self.relations += 1
                 problem = _relation(relation, head, spec.id, want)
                 if problem:
-                    self.add(spec, "oracle.invariant", f"call {want.name} ({want.desc}): {problem}")
+                    where = f"call {want.name} ({want.desc})"
+                    words = explain.relation(relation)
+                    self.add(spec, "oracle.invariant", f"{words}: {where}: {problem}")
 
     def runtime(self, spec: Spec, head: Stream, ref: Stream) -> None:
         """``spec``'s runtime rules on the ops of ``head``'s calls that ``ref`` marked watched."""
@@ -99,10 +108,10 @@ class Judge:
 def _differs(got: Call, want: Call, *, exact: bool) -> str | None:
     if got.error != want.error:
         if want.error is None:
-            return f"raised {got.error} ({got.message[:120]!r}) where the reference returned"
+            return f"raised {got.error} ({got.message[:120]!r}) where the other side returned"
         if got.error is None:
-            return f"returned where the reference raised {want.error} ({want.message[:120]!r})"
-        return f"raised {got.error} where the reference raised {want.error}"
+            return f"returned where the other side raised {want.error} ({want.message[:120]!r})"
+        return f"raised {got.error} where the other side raised {want.error}"
     if set(got.outputs) != set(want.outputs):
         return f"returned outputs {sorted(got.outputs)} where {sorted(want.outputs)} were expected"
     if got.values != want.values:

@@ -84,6 +84,7 @@ class PrRequest:
     timeout: float = 1800.0
     full: bool = False
     oracle_seed: int | None = None  # None: a fresh secret seed (verdict.oracle)
+    out: Path | None = None  # the oracle's reproducer folder; None: <repo>/reports/oracle
 
 
 @dataclass

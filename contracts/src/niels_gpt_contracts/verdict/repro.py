@@ -1,0 +1,151 @@
+"""A shrunk reproducer of a BROKEN oracle row, written beside the verdict (trusted side).
+
+Of the PR stage's differing calls (``explain.smallest``), the first whose
+recipe a capture run sent (``sandbox/_oracle_capture.py``: class, config,
+state_dict, arguments, mode) becomes a folder ``<out>/<stage>-<call>/``:
+
+- ``inputs.safetensors``: the weights (``state.<name>``) and tensor arguments;
+- ``expected.safetensors``: the base's (or the float64 reference's) answer;
+- ``meta.json``: import paths, config fields, mode, plain arguments, dtypes,
+  and the dtype-derived bound of every compared output (``tolerance``);
+- ``reproduce.py``: ``SCRIPT``, written here, the same text for every call:
+  plain torch, safetensors and the stage packages, no checker import. Run
+  with a tree's stage sources on the import path it prints the largest
+  difference from the expected answer and exits 1 beyond the bound, 0 within.
+
+Everything the worker sent is data: import paths are accepted only when
+they name a module some stage owns and a dotted identifier in it; nothing
+the worker sent becomes script text.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from niels_gpt_contracts.sandbox.oracle_run import Call, Stream
+from niels_gpt_contracts.verdict import tolerance
+from niels_gpt_contracts.verdict.explain import Failed
+
+QUAL = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+KEY = re.compile(r"(state|arg|kwarg)\.[A-Za-z0-9_.]+")
+PLAIN = (bool, int, float, str, type(None))
+SCRIPT = Path(__file__).with_name("_repro_script.py")
+
+
+class Refused(ValueError):
+    """A capture the reproducer will not use (the reason is shown in the verdict)."""
+
+
+def _path(value: Any, modules: set[str]) -> str:
+    if not isinstance(value, str) or value.count(":") != 1:
+        raise Refused("an import path that is not module:name")
+    module, qual = value.split(":")
+    if module not in modules or not QUAL.fullmatch(qual):
+        raise Refused(f"{module!r} is no stage's module" if module not in modules else "a name")
+    return value
+
+
+def _meta(cap: Call, want: Call, modules: set[str], *, exact: bool) -> dict[str, Any]:
+    v = cap.values
+    kind = v.get("kind")
+    if kind not in ("module", "method", "function"):
+        raise Refused("an unknown kind of call")
+    meta: dict[str, Any] = {"kind": kind, "target": _path(v.get("target"), modules)}
+    if kind != "function":
+        meta["config"] = _path(v.get("config"), modules)
+        fields = {k.removeprefix("config."): x for k, x in v.items() if k.startswith("config.")}
+        if not all(NAME.fullmatch(k) and isinstance(x, PLAIN) for k, x in fields.items()):
+            raise Refused("a config field that is not a plain value")
+        meta["config_fields"] = fields
+        meta["training"] = bool(v.get("training"))
+    if kind == "method":
+        if not NAME.fullmatch(str(v.get("method"))):
+            raise Refused("a method name that is not an identifier")
+        meta["method"] = str(v["method"])
+    args = v.get("args")
+    if isinstance(args, bool) or not isinstance(args, int) or not 0 <= args <= 64:
+        raise Refused("an argument count out of range")
+    plain = {k: x for k, x in v.items() if k.startswith(("arg.", "kwarg."))}
+    if not all(KEY.fullmatch(k) and isinstance(x, PLAIN) for k, x in plain.items()):
+        raise Refused("an argument that is not a plain value")
+    if not all(KEY.fullmatch(k) for k in cap.outputs):
+        raise Refused("a tensor of no known part")
+    meta.update(args=args, plain=plain, grad=bool(v.get("grad")))
+    meta["inference"] = bool(v.get("inference"))
+    meta["dtypes"] = {k: o.dtype for k, o in cap.outputs.items()}
+    meta["error"] = want.error
+    meta["expected"] = {
+        key: {"dtype": out.dtype, "rtol": _rtol(want, out.dtype, exact=exact)}
+        for key, out in want.outputs.items()
+        if want.compare is None or key in want.compare
+    }
+    return meta
+
+
+def _rtol(want: Call, dtype: str, *, exact: bool) -> float | None:
+    """The bound ``tolerance.compare`` uses (``None``: compared exactly)."""
+    if dtype in tolerance.EXACT or dtype not in tolerance.EPS:
+        return None
+    r = tolerance.rtol(tolerance.widest_error(dtype, want.computes_in), want.stages, want.reduction)
+    if exact:
+        return r + tolerance.rtol("float64", want.stages, want.reduction) + tolerance.unit(dtype)
+    return 2 * r
+
+
+def _save(path: Path, arrays: Mapping[str, np.ndarray[Any, Any]]) -> None:
+    from safetensors.numpy import save_file
+
+    save_file({k: np.ascontiguousarray(a) for k, a in arrays.items()}, str(path))
+
+
+def write(
+    out: Path,
+    stage: str,
+    picks: Sequence[Failed],
+    captured: Stream,
+    wants: Mapping[bool, Stream],
+    modules: Iterable[str],
+) -> Path:
+    """The reproducer of the first of ``picks`` whose capture is usable: its script's path.
+
+    ``wants[exact]`` holds the answers a pick was judged against (the base's,
+    or the reference's for ``exact``); ``modules`` every import name a stage owns.
+
+    Raises:
+        Refused: no pick gave a usable capture (the message says why).
+    """
+    why = "no call was captured"
+    allowed = set(modules)
+    for pick in picks:
+        cap = captured.calls.get((stage, f"{pick.name}#capture"))
+        want = wants[pick.exact].calls.get((stage, pick.name))
+        if cap is None or want is None:
+            continue
+        if cap.error is not None:
+            why = f"{pick.name}: {cap.error} ({cap.message[:120]})"
+            continue
+        try:
+            meta = _meta(cap, want, allowed, exact=pick.exact)
+        except Refused as err:
+            why = f"{pick.name}: {err}"
+            continue
+        meta.update(stage=stage, call=pick.name, desc=pick.desc)
+        folder = out / f"{stage}-{re.sub(r'[^A-Za-z0-9_.=-]+', '_', pick.name)}"
+        folder.mkdir(parents=True, exist_ok=True)
+        _save(folder / "inputs.safetensors", {k: o.data for k, o in cap.outputs.items()})
+        _save(
+            folder / "expected.safetensors",
+            {k: want.outputs[k].data for k in meta["expected"]},
+        )
+        (folder / "meta.json").write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
+        script = folder / "reproduce.py"
+        script.write_text(SCRIPT.read_text(encoding="utf-8"), encoding="utf-8")
+        return script
+    raise Refused(why)
