@@ -1,6 +1,6 @@
 """The FastAPI app: the page, the generation API (JSON and server-sent events), attention.
 
-Routes (OpenAPI schema at ``/openapi.json``, browsable at ``/docs``)::
+Routes (OpenAPI schema at ``/openapi.json``; no ``/docs``: Swagger UI needs a CDN)::
 
     GET  /                      the page (and /app.js, /style.css beside it)
     GET  /api/model             what is served and the limits of a request
@@ -111,6 +111,7 @@ class _Generation:
             text=decode(self.tokens),
             finish_reason=done.reason,
             seed=self.seed,
+            seed_text=str(self.seed),
             queued_ms=round(self.first_ms, 3),
             total_ms=round((time.perf_counter() - self.start) * 1e3, 3),
         )
@@ -153,6 +154,8 @@ def create_app(
         version=__version__,
         summary="Generate text with a niels_gpt model and see its attention.",
         lifespan=lifespan,
+        docs_url=None,  # Swagger UI and ReDoc load from a CDN: blank offline, so not served
+        redoc_url=None,
     )
     app.state.batcher = batcher
     install_handlers(app)
@@ -212,9 +215,10 @@ def create_app(
             if not collect.done():  # the client left: stop generating for it
                 collect.cancel()
                 run.ticket.cancel()
-        if collect.cancelled():
+        try:
+            return await collect  # done, or cancelled just above
+        except asyncio.CancelledError:
             return Response(status_code=499)  # nobody reads it: "client closed request"
-        return collect.result()
 
     @app.post(
         "/api/generate/stream",
@@ -229,7 +233,12 @@ def create_app(
         async def stream() -> AsyncIterator[str]:
             yield _sse(
                 "start",
-                {"prompt_tokens": run.prompt, "labels": labels(run.prompt), "seed": run.seed},
+                {
+                    "prompt_tokens": run.prompt,
+                    "labels": labels(run.prompt),
+                    "seed": run.seed,
+                    "seed_text": str(run.seed),
+                },
             )
             async for event in run.events_until_done():
                 if isinstance(event, Token):

@@ -160,21 +160,34 @@ class Batcher:
         with self._cond:
             if self._closed:
                 raise RuntimeError("the batcher is closed")
-            if len(self._waiting) + len(self._active) >= self.max_batch + self.max_waiting:
-                raise Busy(
-                    f"{len(self._active)} requests are running and {len(self._waiting)} waiting "
-                    f"(the limit is {self.max_batch} + {self.max_waiting}); try again"
-                )
+            self._refuse_if_full()
             self._waiting.append(ticket)
             self._cond.notify_all()
         return ticket
 
+    def _refuse_if_full(self) -> None:
+        """Under the lock: raise ``Busy`` once ``max_batch + max_waiting`` requests are in
+        (generations running or waiting, and calls waiting alike)."""
+        running, waiting = len(self._active), len(self._waiting) + len(self._calls)
+        if running + waiting >= self.max_batch + self.max_waiting:
+            raise Busy(
+                f"{running} requests are running and {waiting} waiting "
+                f"(the limit is {self.max_batch} + {self.max_waiting}); try again"
+            )
+
     def call(self, fn: Callable[[], R]) -> concurrent.futures.Future[R]:
-        """Run ``fn`` on the worker thread between two steps; its result comes in the future."""
+        """Run ``fn`` on the worker thread between two steps (one call a step, so calls
+        cannot starve generation); its result comes in the future.
+
+        Raises:
+            Busy: as ``submit``: a call waits in the same queue, under the same limit.
+            RuntimeError: the batcher is closed.
+        """
         future: concurrent.futures.Future[R] = concurrent.futures.Future()
         with self._cond:
             if self._closed:
                 raise RuntimeError("the batcher is closed")
+            self._refuse_if_full()
             self._calls.append((fn, future))  # type: ignore[arg-type]
             self._cond.notify_all()
         return future
@@ -185,7 +198,7 @@ class Batcher:
             s = self._stats
             return {
                 "running": len(self._active),
-                "waiting": len(self._waiting),
+                "waiting": len(self._waiting) + len(self._calls),
                 "served": s.served,
                 "cancelled": s.cancelled,
                 "failed": s.failed,
@@ -205,8 +218,7 @@ class Batcher:
                     break
                 if not self._active and self._waiting and not self._calls and self._gather():
                     break
-                calls = list(self._calls)
-                self._calls.clear()
+                calls = [self._calls.popleft()] if self._calls else []
                 self._admit()
                 batch = list(self._active)
             for fn, future in calls:

@@ -60,8 +60,10 @@ def _field_error(request: Request, exc: Exception) -> JSONResponse:
 
 def _http(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
+    # 400: the body could not be parsed (not UTF-8); 404, 405: the path or its method.
+    field = "body" if exc.status_code == 400 else "path"
     return JSONResponse(
-        error_body("path", str(exc.detail), f"http_{exc.status_code}"),
+        error_body(field, str(exc.detail), f"http_{exc.status_code}"),
         exc.status_code,
         headers=exc.headers,
     )
