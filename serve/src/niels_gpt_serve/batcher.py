@@ -38,6 +38,8 @@ class Token:
 
     index: int
     token: int
+    logprob: float | None = None  # log-softmax of the raw logits, when the request asked
+    top: tuple[tuple[int, float], ...] = ()  # the ``logprobs`` likeliest (token, logprob)
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,7 @@ class Ticket:
     generator: torch.Generator
     eos: int | None
     emit: Callable[[Event], None]
+    logprobs: int | None = None
     new: int = 0
     cancelled: threading.Event = field(default_factory=threading.Event)
 
@@ -111,6 +114,7 @@ class Batcher:
         max_batch: int = 16,
         max_waiting: int = 256,
         window_s: float = 0.002,
+        on_step: Callable[[int], None] | None = None,
     ) -> None:
         if max_batch < 1 or max_waiting < 0 or window_s < 0:
             raise ValueError(
@@ -118,6 +122,7 @@ class Batcher:
                 f"{max_waiting}, {window_s}"
             )
         self.engine = engine
+        self.on_step = on_step  # called with each step's batch size (the metrics)
         self.max_batch, self.max_waiting, self.window_s = max_batch, max_waiting, window_s
         self._cond = threading.Condition()
         self._waiting: deque[Ticket] = deque()
@@ -147,6 +152,8 @@ class Batcher:
         seed: int,
         eos: int | None,
         emit: Callable[[Event], None],
+        *,
+        logprobs: int | None = None,
     ) -> Ticket:
         """Queue a request; ``emit`` gets its events, on the worker thread.
 
@@ -155,8 +162,9 @@ class Batcher:
             RuntimeError: the batcher is closed.
         """
         ticket = Ticket(
-            next(self._keys), list(prompt), max_new_tokens, knobs, new_generator(seed), eos, emit
-        )
+            next(self._keys), list(prompt), max_new_tokens, knobs, new_generator(seed), eos, emit,
+            logprobs,
+        )  # fmt: skip
         with self._cond:
             if self._closed:
                 raise RuntimeError("the batcher is closed")
@@ -274,6 +282,8 @@ class Batcher:
                     self._stats.failed += 1
                     ticket.emit(Failed(f"generation failed: {type(err).__name__}: {err}"))
             return
+        if self.on_step is not None:
+            self.on_step(len(batch))
         finished: list[tuple[Ticket, Event]] = []
         for ticket, row in zip(batch, logits, strict=True):
             try:
@@ -282,7 +292,7 @@ class Batcher:
                 finished.append((ticket, Failed(f"sampling failed: {err}")))
                 continue
             ticket.tokens.append(token)
-            ticket.emit(Token(ticket.new, token))
+            ticket.emit(_token(ticket, token, row))
             ticket.new += 1
             if ticket.eos is not None and token == ticket.eos:
                 finished.append((ticket, Done("eos")))
@@ -310,3 +320,13 @@ class Batcher:
             ticket.emit(Failed(message))
         for _, future in calls:
             future.cancel()
+
+
+def _token(ticket: Ticket, token: int, row: torch.Tensor) -> Token:
+    """The ``Token`` event, with log-probabilities from ``row`` ``(V,)`` if the ticket asked."""
+    if ticket.logprobs is None:
+        return Token(ticket.new, token)
+    logp = torch.log_softmax(row.detach().to("cpu", torch.float64), dim=-1)  # (V,)
+    values, ids = logp.topk(min(ticket.logprobs, logp.numel()))  # (k,), (k,)
+    top = tuple(zip(ids.tolist(), values.tolist(), strict=True))
+    return Token(ticket.new, token, float(logp[token]), top)
