@@ -74,6 +74,7 @@ DEV_TOOLS = (
     "fastapi",
     "uvicorn",
     "httpx",
+    "prometheus-client",
 )
 DEV_ENV = ROOT / ".nox" / "_shared-dev"
 REPORTS = ROOT / "reports"

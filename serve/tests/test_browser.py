@@ -156,3 +156,28 @@ def test_the_page_streams_and_shows_the_attention_of_a_chosen_head(
     assert driver.save_screenshot(str(shot))
     if copy := os.environ.get("NIELS_SERVE_SCREENSHOT"):
         shutil.copyfile(shot, copy)
+
+
+def test_a_64_bit_seed_goes_through_the_page_exactly(
+    server_url: str, driver: webdriver.Chrome
+) -> None:
+    """The page rounded seeds through JavaScript numbers: ...095176 became ...095424."""
+    seed = "6548027008821095176"
+    driver.get(f"{server_url}/")
+    wait = WebDriverWait(driver, 60)
+    wait.until(state_is("idle"))
+    prompt = driver.find_element(By.ID, "prompt")
+    prompt.clear()
+    prompt.send_keys("class ")
+    for name, value in {**KNOBS, "max_new_tokens": "12", "top_k": "", "seed": seed}.items():
+        box = driver.find_element(By.ID, name)
+        box.clear()
+        if value:
+            box.send_keys(value)
+    driver.find_element(By.ID, "generate").click()
+    wait.until(state_is("done"))
+    assert f"seed {seed}," in driver.find_element(By.ID, "status").text
+    body = {"prompt": "class ", "max_new_tokens": 12, "temperature": 0.8, "seed": int(seed)}
+    answer = httpx.post(f"{server_url}/api/generate", json=body, timeout=60).json()
+    spans = driver.execute_script(READ_TOKENS)
+    assert [s[1] for s in spans if s[3]] == answer["tokens"]

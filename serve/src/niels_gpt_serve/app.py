@@ -1,6 +1,6 @@
 """The FastAPI app: the page, the generation API (JSON and server-sent events), attention.
 
-Routes (OpenAPI schema at ``/openapi.json``, browsable at ``/docs``)::
+Routes (OpenAPI schema at ``/openapi.json``; no ``/docs``: Swagger UI needs a CDN)::
 
     GET  /                      the page (and /app.js, /style.css beside it)
     GET  /api/model             what is served and the limits of a request
@@ -8,6 +8,8 @@ Routes (OpenAPI schema at ``/openapi.json``, browsable at ``/docs``)::
     POST /api/generate          one JSON answer when the generation is done
     POST /api/generate/stream   the same as server-sent events, a token at a time
     POST /api/attention         every layer's and head's attention over a token sequence
+    GET  /metrics               Prometheus metrics (``metrics.py``)
+    GET  /v1/models, POST /v1/completions   the OpenAI-compatible API (``openai_api.py``)
 
 No route reads a file path from a request: the page's three files are read
 from the package once, when the app is built.
@@ -17,8 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import secrets
-import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -26,25 +26,27 @@ from importlib import resources
 
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from niels_gpt.config import ModelConfig
 from niels_gpt.model.gpt import GPT
 from niels_gpt_serve import __version__
-from niels_gpt_serve.batcher import Batcher, Busy, Done, Event, Failed, Ticket, Token
+from niels_gpt_serve.batcher import Batcher, Busy, Done, Failed, Token
 from niels_gpt_serve.cached import CachedEngine
 from niels_gpt_serve.engine import Engine, PaddedEngine, attention_maps
-from niels_gpt_serve.errors import BodyLimit, error_body, install_handlers
+from niels_gpt_serve.errors import BodyLimit, error_body, error_response, install_handlers
+from niels_gpt_serve.generation import Generation
 from niels_gpt_serve.limits import Limits, check_attention, check_generate
-from niels_gpt_serve.sampling import Knobs
+from niels_gpt_serve.metrics import Metrics, RequestIds
+from niels_gpt_serve.openai_api import install_openai
 from niels_gpt_serve.schemas import (
-    MAX_SEED,
     AttentionRequest,
     AttentionResponse,
     GenerateRequest,
     GenerateResponse,
     ModelInfo,
 )
-from niels_gpt_serve.tokens import byte_label, decode, labels
+from niels_gpt_serve.tokens import byte_label, labels
 
 __all__ = ["ENGINES", "Served", "create_app"]
 
@@ -70,52 +72,6 @@ def _page_files() -> dict[str, bytes]:
     return {name: (static / name).read_bytes() for name in _PAGE_FILES}
 
 
-class _Generation:
-    """One request's events, from the batcher's thread to this event loop."""
-
-    def __init__(self, batcher: Batcher, req: GenerateRequest, prompt: list[int]) -> None:
-        self.loop = asyncio.get_running_loop()
-        self.events: asyncio.Queue[Event] = asyncio.Queue()
-        self.seed = req.seed if req.seed is not None else secrets.randbelow(MAX_SEED + 1)
-        self.prompt, self.tokens = prompt, list[int]()
-        self.start = time.perf_counter()
-        self.first_ms = 0.0
-        knobs = Knobs(req.temperature, req.top_k, req.top_p)
-        self.ticket: Ticket = batcher.submit(
-            prompt, req.max_new_tokens, knobs, self.seed, req.eos, self._emit
-        )
-
-    def _emit(self, event: Event) -> None:  # on the batcher's thread
-        self.loop.call_soon_threadsafe(self.events.put_nowait, event)
-
-    async def events_until_done(self) -> AsyncIterator[Event]:
-        """Every event up to and including ``Done`` or ``Failed``; cancels the ticket on exit."""
-        try:
-            while True:
-                event = await self.events.get()
-                if isinstance(event, Token):
-                    if not self.tokens:
-                        self.first_ms = (time.perf_counter() - self.start) * 1e3
-                    self.tokens.append(event.token)
-                yield event
-                if not isinstance(event, Token):
-                    return
-        finally:
-            self.ticket.cancel()  # no-op once finished; frees the slot of a client that left
-
-    def answer(self, done: Done) -> GenerateResponse:
-        return GenerateResponse(
-            prompt_tokens=self.prompt,
-            tokens=self.tokens,
-            labels=labels([*self.prompt, *self.tokens]),
-            text=decode(self.tokens),
-            finish_reason=done.reason,
-            seed=self.seed,
-            queued_ms=round(self.first_ms, 3),
-            total_ms=round((time.perf_counter() - self.start) * 1e3, 3),
-        )
-
-
 def _sse(event: str, data: object) -> str:
     return f"event: {event}\ndata: {json.dumps(data)}\n\n"
 
@@ -137,6 +93,8 @@ def create_app(
         max_batch=limits.max_batch,
         max_waiting=limits.max_waiting,
     )
+    metrics = Metrics(batcher.stats)
+    batcher.on_step = metrics.batch.observe
     page = _page_files()
 
     @asynccontextmanager
@@ -153,18 +111,20 @@ def create_app(
         version=__version__,
         summary="Generate text with a niels_gpt model and see its attention.",
         lifespan=lifespan,
+        docs_url=None,  # Swagger UI and ReDoc load from a CDN: blank offline, so not served
+        redoc_url=None,
     )
     app.state.batcher = batcher
     install_handlers(app)
 
     @app.exception_handler(Busy)
     async def busy(request: Request, exc: Exception) -> JSONResponse:
-        body = error_body("body", str(exc), "busy")
-        return JSONResponse(body, 503, headers={"Retry-After": "1"})
+        headers = {"Retry-After": "1"}
+        return error_response(request.url.path, 503, "body", str(exc), "busy", headers=headers)
 
     @app.exception_handler(GenerationFailed)
     async def failed(request: Request, exc: Exception) -> JSONResponse:
-        return JSONResponse(error_body("body", str(exc), "failed"), 500)
+        return error_response(request.url.path, 500, "body", str(exc), "failed")
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     async def index() -> Response:
@@ -202,7 +162,7 @@ def create_app(
     @app.post("/api/generate", response_model=GenerateResponse)
     async def generate(req: GenerateRequest, request: Request) -> GenerateResponse | Response:
         """Generate, and answer once every token is there."""
-        run = _Generation(batcher, req, check_generate(req, cfg, limits))
+        run = Generation(batcher, req, check_generate(req, cfg, limits), metrics)
         collect = asyncio.ensure_future(_collect(run))
         gone = asyncio.ensure_future(_disconnected(request))
         try:
@@ -212,9 +172,10 @@ def create_app(
             if not collect.done():  # the client left: stop generating for it
                 collect.cancel()
                 run.ticket.cancel()
-        if collect.cancelled():
+        try:
+            return await collect  # done, or cancelled just above
+        except asyncio.CancelledError:
             return Response(status_code=499)  # nobody reads it: "client closed request"
-        return collect.result()
 
     @app.post(
         "/api/generate/stream",
@@ -224,12 +185,17 @@ def create_app(
     async def generate_stream(req: GenerateRequest) -> StreamingResponse:
         """Generate as server-sent events: ``start`` (prompt tokens, seed), one ``token``
         (index, id, label) a token, then ``done`` (the JSON answer) or ``error``."""
-        run = _Generation(batcher, req, check_generate(req, cfg, limits))
+        run = Generation(batcher, req, check_generate(req, cfg, limits), metrics)
 
         async def stream() -> AsyncIterator[str]:
             yield _sse(
                 "start",
-                {"prompt_tokens": run.prompt, "labels": labels(run.prompt), "seed": run.seed},
+                {
+                    "prompt_tokens": run.prompt,
+                    "labels": labels(run.prompt),
+                    "seed": run.seed,
+                    "seed_text": str(run.seed),
+                },
             )
             async for event in run.events_until_done():
                 if isinstance(event, Token):
@@ -258,7 +224,14 @@ def create_app(
             attention=chosen.tolist(),
         )  # fmt: skip
 
+    @app.get("/metrics", include_in_schema=False)
+    async def prometheus() -> Response:
+        """Prometheus metrics (``metrics.py`` names them)."""
+        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    install_openai(app, served, batcher, limits, metrics)
     app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes)
+    app.add_middleware(RequestIds, metrics=metrics)  # outermost: every answer carries its id
     return app
 
 
@@ -266,7 +239,7 @@ class GenerationFailed(RuntimeError):
     """The model could not finish a request (answered 500, the server goes on)."""
 
 
-async def _collect(run: _Generation) -> GenerateResponse:
+async def _collect(run: Generation) -> GenerateResponse:
     async for event in run.events_until_done():
         if isinstance(event, Done):
             return run.answer(event)

@@ -38,6 +38,8 @@ class Token:
 
     index: int
     token: int
+    logprob: float | None = None  # log-softmax of the raw logits, when the request asked
+    top: tuple[tuple[int, float], ...] = ()  # the ``logprobs`` likeliest (token, logprob)
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,7 @@ class Ticket:
     generator: torch.Generator
     eos: int | None
     emit: Callable[[Event], None]
+    logprobs: int | None = None
     new: int = 0
     cancelled: threading.Event = field(default_factory=threading.Event)
 
@@ -111,6 +114,7 @@ class Batcher:
         max_batch: int = 16,
         max_waiting: int = 256,
         window_s: float = 0.002,
+        on_step: Callable[[int], None] | None = None,
     ) -> None:
         if max_batch < 1 or max_waiting < 0 or window_s < 0:
             raise ValueError(
@@ -118,6 +122,7 @@ class Batcher:
                 f"{max_waiting}, {window_s}"
             )
         self.engine = engine
+        self.on_step = on_step  # called with each step's batch size (the metrics)
         self.max_batch, self.max_waiting, self.window_s = max_batch, max_waiting, window_s
         self._cond = threading.Condition()
         self._waiting: deque[Ticket] = deque()
@@ -147,6 +152,8 @@ class Batcher:
         seed: int,
         eos: int | None,
         emit: Callable[[Event], None],
+        *,
+        logprobs: int | None = None,
     ) -> Ticket:
         """Queue a request; ``emit`` gets its events, on the worker thread.
 
@@ -155,26 +162,40 @@ class Batcher:
             RuntimeError: the batcher is closed.
         """
         ticket = Ticket(
-            next(self._keys), list(prompt), max_new_tokens, knobs, new_generator(seed), eos, emit
-        )
+            next(self._keys), list(prompt), max_new_tokens, knobs, new_generator(seed), eos, emit,
+            logprobs,
+        )  # fmt: skip
         with self._cond:
             if self._closed:
                 raise RuntimeError("the batcher is closed")
-            if len(self._waiting) + len(self._active) >= self.max_batch + self.max_waiting:
-                raise Busy(
-                    f"{len(self._active)} requests are running and {len(self._waiting)} waiting "
-                    f"(the limit is {self.max_batch} + {self.max_waiting}); try again"
-                )
+            self._refuse_if_full()
             self._waiting.append(ticket)
             self._cond.notify_all()
         return ticket
 
+    def _refuse_if_full(self) -> None:
+        """Under the lock: raise ``Busy`` once ``max_batch + max_waiting`` requests are in
+        (generations running or waiting, and calls waiting alike)."""
+        running, waiting = len(self._active), len(self._waiting) + len(self._calls)
+        if running + waiting >= self.max_batch + self.max_waiting:
+            raise Busy(
+                f"{running} requests are running and {waiting} waiting "
+                f"(the limit is {self.max_batch} + {self.max_waiting}); try again"
+            )
+
     def call(self, fn: Callable[[], R]) -> concurrent.futures.Future[R]:
-        """Run ``fn`` on the worker thread between two steps; its result comes in the future."""
+        """Run ``fn`` on the worker thread between two steps (one call a step, so calls
+        cannot starve generation); its result comes in the future.
+
+        Raises:
+            Busy: as ``submit``: a call waits in the same queue, under the same limit.
+            RuntimeError: the batcher is closed.
+        """
         future: concurrent.futures.Future[R] = concurrent.futures.Future()
         with self._cond:
             if self._closed:
                 raise RuntimeError("the batcher is closed")
+            self._refuse_if_full()
             self._calls.append((fn, future))  # type: ignore[arg-type]
             self._cond.notify_all()
         return future
@@ -185,7 +206,7 @@ class Batcher:
             s = self._stats
             return {
                 "running": len(self._active),
-                "waiting": len(self._waiting),
+                "waiting": len(self._waiting) + len(self._calls),
                 "served": s.served,
                 "cancelled": s.cancelled,
                 "failed": s.failed,
@@ -205,8 +226,7 @@ class Batcher:
                     break
                 if not self._active and self._waiting and not self._calls and self._gather():
                     break
-                calls = list(self._calls)
-                self._calls.clear()
+                calls = [self._calls.popleft()] if self._calls else []
                 self._admit()
                 batch = list(self._active)
             for fn, future in calls:
@@ -262,6 +282,8 @@ class Batcher:
                     self._stats.failed += 1
                     ticket.emit(Failed(f"generation failed: {type(err).__name__}: {err}"))
             return
+        if self.on_step is not None:
+            self.on_step(len(batch))
         finished: list[tuple[Ticket, Event]] = []
         for ticket, row in zip(batch, logits, strict=True):
             try:
@@ -270,7 +292,7 @@ class Batcher:
                 finished.append((ticket, Failed(f"sampling failed: {err}")))
                 continue
             ticket.tokens.append(token)
-            ticket.emit(Token(ticket.new, token))
+            ticket.emit(_token(ticket, token, row))
             ticket.new += 1
             if ticket.eos is not None and token == ticket.eos:
                 finished.append((ticket, Done("eos")))
@@ -298,3 +320,13 @@ class Batcher:
             ticket.emit(Failed(message))
         for _, future in calls:
             future.cancel()
+
+
+def _token(ticket: Ticket, token: int, row: torch.Tensor) -> Token:
+    """The ``Token`` event, with log-probabilities from ``row`` ``(V,)`` if the ticket asked."""
+    if ticket.logprobs is None:
+        return Token(ticket.new, token)
+    logp = torch.log_softmax(row.detach().to("cpu", torch.float64), dim=-1)  # (V,)
+    values, ids = logp.topk(min(ticket.logprobs, logp.numel()))  # (k,), (k,)
+    top = tuple(zip(ids.tolist(), values.tolist(), strict=True))
+    return Token(ticket.new, token, float(logp[token]), top)

@@ -4,18 +4,32 @@
     niels-serve --checkpoint runs/v1         # that run's newest checkpoint
     niels-serve --port 8000 --host 127.0.0.1
 
-It prints the page's URL once the socket listens; Ctrl+C stops it.
+It prints the page's URL once the socket listens; Ctrl+C (or SIGTERM) stops it after
+the open requests finish, with exit status 0.
 """
 
 from __future__ import annotations
 
 import argparse
+import signal
 import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from types import FrameType
 
 __all__ = ["build_parser", "listen", "main"]
+
+#: Seconds open requests get to finish after SIGINT or SIGTERM before they are cut.
+DRAIN_S = 30
+
+
+class _Stopped(Exception):
+    """SIGINT or SIGTERM reached ``main`` (uvicorn re-raises the signal once it has drained)."""
+
+
+def _stop(signum: int, frame: FrameType | None) -> None:
+    raise _Stopped(signal.Signals(signum).name)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -105,8 +119,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         flush=True,
     )
     print(f"niels-serve: open http://{shown}:{port}/ (Ctrl+C stops)", flush=True)
-    server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level, lifespan="on"))
-    server.run(sockets=[sock])
+    config = uvicorn.Config(
+        app, log_level=args.log_level, lifespan="on", timeout_graceful_shutdown=DRAIN_S
+    )
+    # uvicorn takes SIGINT and SIGTERM while it serves, stops listening, lets open requests
+    # finish (at most DRAIN_S), then raises the signal again with these handlers back.
+    signal.signal(signal.SIGINT, _stop)
+    signal.signal(signal.SIGTERM, _stop)
+    try:
+        uvicorn.Server(config).run(sockets=[sock])
+    except _Stopped as stopped:
+        print(f"niels-serve: stopped ({stopped})", file=sys.stderr, flush=True)
     return 0
 
 

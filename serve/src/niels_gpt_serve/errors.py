@@ -6,12 +6,17 @@ field at fault (``"body"`` for the body as a whole), so a client can point at
 it. Statuses: 400 a body that is not JSON, 413 a body over the limit, 422 a
 field that is missing, of the wrong type or out of range, 404 an unknown
 path, 405 a wrong method, 503 too many requests waiting.
+
+Under ``/v1/`` (the OpenAI-compatible API) the same errors, with the same
+statuses, take that protocol's shape: ``{"error": {"message", "type",
+"param", "code"}}``, ``param`` the field, ``type`` ``invalid_request_error``
+for a 4xx and ``server_error`` for a 5xx.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -22,13 +27,35 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from niels_gpt_serve.limits import FieldError
 
-__all__ = ["BodyLimit", "error_body", "install_handlers"]
+__all__ = ["BodyLimit", "error_body", "error_response", "install_handlers", "openai_error"]
 
 
 def error_body(field: str, message: str, kind: str, more: Sequence[dict[str, str]] = ()) -> Any:
     """The JSON error body (see the module docstring)."""
     first = {"field": field, "message": message, "type": kind}
     return {"detail": f"{field}: {message}", "field": field, "errors": [first, *more]}
+
+
+def openai_error(status: int, field: str | None, message: str, code: str) -> Any:
+    """The OpenAI error body: ``{"error": {"message", "type", "param", "code"}}``."""
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    text = f"{field}: {message}" if field else message
+    return {"error": {"message": text, "type": kind, "param": field, "code": code}}
+
+
+def error_response(
+    path: str,
+    status: int,
+    field: str,
+    message: str,
+    kind: str,
+    more: Sequence[dict[str, str]] = (),
+    headers: Mapping[str, str] | None = None,
+) -> JSONResponse:
+    """The error in the shape of the API ``path`` belongs to (``/v1/``: OpenAI's)."""
+    if path.startswith("/v1/"):
+        return JSONResponse(openai_error(status, field, message, kind), status, headers=headers)
+    return JSONResponse(error_body(field, message, kind, more), status, headers=headers)
 
 
 def _field(loc: Sequence[int | str]) -> str:
@@ -43,28 +70,27 @@ def _validation(request: Request, exc: Exception) -> JSONResponse:
         {"field": _field(e.get("loc", ())), "message": str(e.get("msg", "")), "type": e["type"]}
         for e in exc.errors()
     ]
+    path = request.url.path
     if any(e["type"] == "json_invalid" for e in errors):
-        return JSONResponse(
-            error_body("body", "must be a JSON object (it is not valid JSON)", "json_invalid"), 400
-        )
+        message = "must be a JSON object (it is not valid JSON)"
+        return error_response(path, 400, "body", message, "json_invalid")
     first = errors[0] if errors else {"field": "body", "message": "invalid", "type": "invalid"}
-    return JSONResponse(
-        error_body(first["field"], first["message"], first["type"], errors[1:]), 422
-    )
+    return error_response(path, 422, first["field"], first["message"], first["type"], errors[1:])
 
 
 def _field_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, FieldError)
-    return JSONResponse(error_body(exc.field, exc.message, "limit"), exc.status)
+    return error_response(request.url.path, exc.status, exc.field, exc.message, "limit")
 
 
 def _http(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
-    return JSONResponse(
-        error_body("path", str(exc.detail), f"http_{exc.status_code}"),
-        exc.status_code,
+    # 400: the body could not be parsed (not UTF-8); 404, 405: the path or its method.
+    field = "body" if exc.status_code == 400 else "path"
+    return error_response(
+        request.url.path, exc.status_code, field, str(exc.detail), f"http_{exc.status_code}",
         headers=exc.headers,
-    )
+    )  # fmt: skip
 
 
 def install_handlers(app: FastAPI) -> None:
@@ -81,10 +107,12 @@ class BodyLimit:
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
         self.app, self.max_bytes = app, max_bytes
 
-    async def _refuse(self, send: Send, size: str) -> None:
-        body = error_body(
-            "body", f"must be at most {self.max_bytes} bytes, got {size}", "too_large"
-        )
+    async def _refuse(self, send: Send, size: str, path: str) -> None:
+        message = f"must be at most {self.max_bytes} bytes, got {size}"
+        if path.startswith("/v1/"):
+            body = openai_error(413, "body", message, "too_large")
+        else:
+            body = error_body("body", message, "too_large")
         data = json.dumps(body).encode()
         await send(
             {
@@ -104,7 +132,7 @@ class BodyLimit:
             return
         declared = dict(scope["headers"]).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            await self._refuse(send, f"{int(declared)} (Content-Length)")
+            await self._refuse(send, f"{int(declared)} (Content-Length)", scope["path"])
             return
         # Read the whole (bounded) body first, then hand it to the app as one message.
         chunks: list[bytes] = []
@@ -117,7 +145,7 @@ class BodyLimit:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.max_bytes:
-                await self._refuse(send, f"more than that ({size} so far)")
+                await self._refuse(send, f"more than that ({size} so far)", scope["path"])
                 return
             chunks.append(chunk)
             more = message.get("more_body", False)

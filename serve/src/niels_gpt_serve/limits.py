@@ -60,13 +60,13 @@ def check_generate(req: GenerateRequest, cfg: ModelConfig, limits: Limits) -> li
             f"must be at most {cfg.T - 1} tokens (UTF-8 bytes; the model's context is "
             f"T={cfg.T}), got {len(prompt)}",
         )
-    if req.max_new_tokens > limits.max_new_tokens:
+    room = cfg.T - len(prompt)
+    if req.max_new_tokens > limits.max_new_tokens and limits.max_new_tokens <= room:
         raise FieldError(
             "max_new_tokens",
             f"must be <= {limits.max_new_tokens} (the server's limit), got {req.max_new_tokens}",
         )
-    room = cfg.T - len(prompt)
-    if req.max_new_tokens > room:
+    if req.max_new_tokens > room:  # the smaller of the two limits is the one named
         raise FieldError(
             "max_new_tokens",
             f"must be <= {room}: the prompt's {len(prompt)} tokens + max_new_tokens must fit "

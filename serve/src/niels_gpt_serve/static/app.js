@@ -58,6 +58,10 @@ function readKnobs() {
       else body[name] = null;
       continue;
     }
+    if (name === "seed") {
+      body[name] = raw; // an exact decimal string: a JS number rounds seeds past 2**53
+      continue;
+    }
     const value = Number(raw);
     body[name] = Number.isFinite(value) ? value : raw; // the server names a bad one
   }
@@ -140,13 +144,13 @@ async function onEvent(name, data) {
   if (name === "start") {
     state.promptLength = data.prompt_tokens.length;
     data.prompt_tokens.forEach((id, i) => addToken(id, data.labels[i]));
-    $("seed").placeholder = `random (last: ${data.seed})`;
+    $("seed").placeholder = `random (last: ${data.seed_text})`;
   } else if (name === "token") {
     addToken(data.token, data.label);
     setState("streaming", `streaming: ${generated()} tokens`);
   } else if (name === "done") {
     const ms = Math.round(data.total_ms);
-    setState("done", `done: ${data.tokens.length} tokens (${data.finish_reason}), seed ${data.seed}, ${ms} ms`);
+    setState("done", `done: ${data.tokens.length} tokens (${data.finish_reason}), seed ${data.seed_text}, ${ms} ms`);
     await showAttention();
   } else if (name === "error") {
     setState("error", `error: ${data.detail}`);
