@@ -382,6 +382,14 @@ RULES: dict[str, RuleDoc] = {
         "changed stage's own rows say what broke.",
         "Fix the changed stage's rows; the dependants' follow.",
     ),
+    "oracle.coverage": RuleDoc(
+        "A domain axis the spec declares is never swept by its oracle driver.",
+        "A spec's [oracle] axes name the parts of the stage's domain the oracle must draw "
+        "from (magnitude, dtype, layout, config, modes, grad2, history, errors, combos). "
+        "A driver that never tags a call with one of them leaves that part of the contract "
+        "unjudged, so the spec is refused until it does.",
+        'Add calls tagged axes=("<axis>",) to the stage\'s driver, or amend the spec.',
+    ),
     "oracle.error": RuleDoc(
         "The oracle could not get an answer from the PR's code.",
         "The PR's worker must import every stage of the tree and run every driver to its "
