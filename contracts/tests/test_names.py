@@ -32,6 +32,34 @@ REFUSED_NAMES = [
     "import torch.nn.utils.parametrize",
     "x = alpha_mod._check",
 ]
+# Every way stage code can set or reseed a global random generator (torch's
+# default CPU generator, or a device's): each must be named wherever it is reached from.
+RESEEDS = [
+    "import torch\n_S = torch.zeros(5056, dtype=torch.uint8)",  # a state, reached no global way
+    "import torch\ntorch.default_generator.set_state(_S)",
+    "import torch\n_g = torch.default_generator\n_g.manual_seed(1)",
+    "from torch import default_generator",
+    "import torch\ntorch.Generator.set_state(torch.default_generator, _S)",
+    "import torch\ngetattr(torch, 'default_generator').set_state(_S)",
+    "import torch\ngetattr(torch, 'manual_seed')(0)",
+    "import torch\ntorch.seed()",
+    "import torch\ntorch.set_rng_state(_S)",
+    "import torch\ntorch.random.manual_seed(0)",
+    "import torch\ntorch.random.fork_rng()",
+    "import torch\ntorch.cuda.manual_seed_all(0)",
+    "import torch\ntorch.cuda.seed_all()",
+    "import torch\ntorch.cuda.set_rng_state_all([])",
+    "import torch\ntorch.cuda.default_generators[0].set_state(_S)",
+    "import torch\ntorch.mps.manual_seed(0)",
+    "import torch\ntorch.mps.set_rng_state(_S)",
+    "import random\nrandom.seed(0)",
+    "import numpy\nnumpy.random.seed(0)",
+]
+# A generator the stage builds itself is its own to seed.
+OWN_GENERATORS = [
+    "import torch\n_own = torch.Generator()\n_own.manual_seed(3)",
+    "import torch\n_state = torch.Generator().manual_seed(3).get_state()",
+]
 ALLOWED_NAMES = [
     "import torch\n_z = torch.zeros(2)",
     "import torch.nn.functional as F\n_s = F.softmax",
@@ -89,8 +117,19 @@ def test_names_are_refused_for_what_they_resolve_to(repo: Repo) -> None:
     assert missed == [], out["violations"]
 
 
+def test_every_way_to_reseed_a_global_generator_is_refused(repo: Repo) -> None:
+    spans = _module(repo, RESEEDS)
+    code, out = repo.gate_json(*PR)
+    assert code == 1
+    named = _named(out, "source.name") | _named(out, "source.import")
+    missed = [c for c, (a, b) in zip(RESEEDS, spans, strict=True) if not named & {*range(a, b + 1)}]
+    assert missed[:1] == [RESEEDS[0]], out["violations"]  # the state itself is plain
+    missed = missed[1:]
+    assert missed == [], out["violations"]
+
+
 def test_plain_library_names_and_stage_exports_pass(repo: Repo) -> None:
-    _module(repo, ALLOWED_NAMES)
+    _module(repo, ALLOWED_NAMES + OWN_GENERATORS)
     code, out = repo.gate_json(*PR)
     assert code == 0, out["violations"]
 

@@ -49,10 +49,11 @@ def test_a_new_test_claiming_an_existing_invariant_is_kept(pr_repo: PrRepo) -> N
     code, out, err = pr_repo.verdict()
     assert code == 0, (out.get("violations"), err[-2000:])
     tests_row = next(o for o in out["outcomes"] if o["check"] == "tests:cpu")
-    # mixer's and backbone's tests as reference, one skipped as on the base; the new one apart
+    # mixer's and backbone's tests as reference, one skipped as on the base; apart, the
+    # PR's version of mixer's tests folder, the new one with the 4 others (tests.removed)
     assert tests_row["summary"] == (
         "5 reference tests pass on the PR's code (1 skipped, as on the base); "
-        "1 of the PR's own tests pass"
+        "5 of the PR's own tests pass (1 skipped, as on the base)"
     )
 
 

@@ -1,7 +1,7 @@
 """``.github/workflows/contracts.yml``, replayed step by step on a scratch repository.
 
 The scratch "GitHub" repository holds this working tree as ``main`` and three
-PRs of the ``fastpath`` stage (a leaf: its closure is itself, so its verdict
+PRs of the ``padding`` stage (a leaf: no stage depends on it or imports it, so its verdict
 is quick). ``actkit`` runs every job the way the workflow says, on a
 ``push`` to main and on each PR; what it cannot emulate fails the test.
 
@@ -38,7 +38,7 @@ pytestmark = pytest.mark.workflow
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKFLOW = ROOT / ".github" / "workflows" / "contracts.yml"
-FASTPATH = "packages/fastpath/src/niels_gpt/model/fastpath/__init__.py"
+STAGE_MODULE = "packages/padding/src/niels_gpt/model/padding/__init__.py"
 PR_JOBS = ("contracts", "test-mps", "test-cuda")
 
 
@@ -91,9 +91,11 @@ class GitHub:
 
 
 def _docstring(remote: Path, words: str) -> str:
-    text = (remote / FASTPATH).read_text()
-    assert text.startswith('"""Fast path:'), f"{FASTPATH} no longer starts as the PRs expect"
-    return text.replace('"""Fast path:', f'"""{words} Fast path:', 1)
+    text = (remote / STAGE_MODULE).read_text()
+    assert text.startswith('"""Left-padded batches:'), (
+        f"{STAGE_MODULE} no longer starts as the PRs expect"
+    )
+    return text.replace('"""Left-padded batches:', f'"""{words} Left-padded batches:', 1)
 
 
 @pytest.fixture(scope="module")
@@ -169,11 +171,11 @@ def test_the_checker_installed_alone_judges_the_tree_and_a_pr(
     tree = subprocess.run([str(contracts), "check", "--no-api", "--repo", str(github.remote)])
     assert tree.returncode == 0
     head, _ = github.pull_request(
-        {FASTPATH: _docstring(github.remote, "Quick.")}, "docs\n\nStage: fastpath"
+        {STAGE_MODULE: _docstring(github.remote, "Quick.")}, "docs\n\nStage: padding"
     )
     bad, _ = github.pull_request(
-        {FASTPATH: _docstring(github.remote, "Quick."), "README.md": "# notes\n"},
-        "docs and notes\n\nStage: fastpath",
+        {STAGE_MODULE: _docstring(github.remote, "Quick."), "README.md": "# notes\n"},
+        "docs and notes\n\nStage: padding",
     )
     for rev, want in ((head, 0), (bad, 1)):
         judged = subprocess.run(
@@ -188,12 +190,15 @@ def test_the_checker_installed_alone_judges_the_tree_and_a_pr(
 def prs(github: GitHub, pushed: dict[str, JobRun]) -> dict[str, dict[str, JobRun]]:
     """Three PRs, replayed at once as GitHub would run them (each job in its own folders)."""
     cases = {
-        "honest": ({FASTPATH: _docstring(github.remote, "Honest.")}, "a word\n\nStage: fastpath"),
-        "broken": (
-            {FASTPATH: _docstring(github.remote, "Also."), "README.md": "# notes\n"},
-            "a word and the README\n\nStage: fastpath",
+        "honest": (
+            {STAGE_MODULE: _docstring(github.remote, "Honest.")},
+            "a word\n\nStage: padding",
         ),
-        "no trailer": ({FASTPATH: _docstring(github.remote, "Quiet.")}, "a word"),
+        "broken": (
+            {STAGE_MODULE: _docstring(github.remote, "Also."), "README.md": "# notes\n"},
+            "a word and the README\n\nStage: padding",
+        ),
+        "no trailer": ({STAGE_MODULE: _docstring(github.remote, "Quiet.")}, "a word"),
     }
     events = {name: github.pull_request(*case)[1] for name, case in cases.items()}
     with ThreadPoolExecutor(max_workers=len(events)) as pool:
@@ -215,7 +220,7 @@ def test_an_honest_pr_passes_with_the_verdict_table_in_its_log(
     log = job.text()
     assert re.search(r"cache contracts-Linux-\w+: hit", log)
     for check in ("paths", "api", "tests:cpu", "device:cpu", "mutants", "sandbox"):
-        assert re.search(rf"^KEPT +fastpath +{re.escape(check)} ", log, re.MULTILINE), check
+        assert re.search(rf"^KEPT +padding +{re.escape(check)} ", log, re.MULTILINE), check
     assert re.search(r"^time: static [0-9.]+ s, ", log, re.MULTILINE)
     assert "::notice title=contracts::KEPT: 1 stage" in log
     assert jobs["warm-cache"].status == "skipped"
@@ -233,10 +238,10 @@ def test_a_pr_that_breaks_a_rule_fails_with_the_rules_annotation(
     job = prs["broken"]["contracts"]
     assert job.status == "failure", _show(job)
     assert any(
-        line.startswith("::error file=README.md,title=path.not-allowed (fastpath)::")
+        line.startswith("::error file=README.md,title=path.not-allowed (padding)::")
         for line in job.log
     ), _show(job)
-    assert re.search(r"^BROKEN +fastpath +paths ", job.text(), re.MULTILINE)
+    assert re.search(r"^BROKEN +padding +paths ", job.text(), re.MULTILINE)
     assert all(prs["broken"][j].status == "success" for j in ("test-mps", "test-cuda"))
 
 
@@ -253,7 +258,7 @@ def test_what_the_replay_cannot_emulate_fails_it(github: GitHub, tmp_path: Path)
     """A device job with its runner set runs on that runner: not emulated, so it fails."""
     replay = Replay(WORKFLOW, github.remote, tmp_path, {"CUDA_RUNNER": "gpu-box"})
     _, event = github.pull_request(
-        {FASTPATH: _docstring(github.remote, "Odd.")}, "x\n\nStage: fastpath"
+        {STAGE_MODULE: _docstring(github.remote, "Odd.")}, "x\n\nStage: padding"
     )
     replay.workflow["jobs"] = {"test-cuda": replay.workflow["jobs"]["test-cuda"]}
     with pytest.raises(Unsupported, match="gpu-box"):

@@ -28,9 +28,10 @@ and judged): every one but seven in eight of the float64 sweep.
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import torch
 
@@ -300,3 +301,29 @@ def calls(o: Oracle) -> None:
     _mixed(o)
     _bad_inputs(o)
     _v2().calls(o)
+
+
+def _domain() -> Any:
+    """``attention_oracle_domain.py`` beside this file: 2.2's domain sweeps (``domain/...``)."""
+    path = Path(__file__).with_name("attention_oracle_domain.py")
+    spec = importlib.util.spec_from_file_location("_attention_oracle_domain", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_Driver = TypeVar("_Driver", bound="Callable[[Oracle], None]")
+
+
+def _then_domain(first: _Driver) -> _Driver:
+    """``first``'s calls, then the domain sweeps (2.2: added after 2.0's calls, unchanged)."""
+
+    def both(o: Oracle) -> None:
+        first(o)
+        _domain().calls(o)
+
+    return cast(_Driver, both)
+
+
+calls = _then_domain(calls)

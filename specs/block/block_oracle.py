@@ -13,8 +13,11 @@ base's exception type. Block calls fall under ``no-sdpa-runtime``.
 
 from __future__ import annotations
 
+import importlib.util
+from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import torch
 
@@ -161,3 +164,29 @@ def calls(o: Oracle) -> None:
     for i in range(4):
         _one(o, i)
     _mixed_and_mlp(o)
+
+
+def _domain() -> Any:
+    """``block_oracle_domain.py`` beside this file: 1.8's domain sweeps (``domain/...``)."""
+    path = Path(__file__).with_name("block_oracle_domain.py")
+    spec = importlib.util.spec_from_file_location("_block_oracle_domain", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_Driver = TypeVar("_Driver", bound="Callable[[Oracle], None]")
+
+
+def _then_domain(first: _Driver) -> _Driver:
+    """``first``'s calls, then the domain sweeps (1.8: added after the earlier calls, unchanged)."""
+
+    def both(o: Oracle) -> None:
+        first(o)
+        _domain().calls(o)
+
+    return cast(_Driver, both)
+
+
+calls = _then_domain(calls)

@@ -7,6 +7,15 @@ drawn lengths, drawn configs, eval, ``inference_mode``, train (invariants
 under dropout) and backward, float32, float64 and bfloat16 autocast, with
 and without probabilities; a GPT switched to the fast path and back. The
 checker compares each answer with the base's.
+
+Stacked with a KV cache (1.1 of this driver, spec 3.3): an attention module,
+fast and explicit, float32 and float64, takes its input in cached chunks of
+every size 1..``CHUNK`` from every first column, so every chunk size runs at
+every cache length 0..41 and 300..319: the fast module plain, with RoPE
+``positions`` of a left-padded row, and with a key mask as well (which keeps
+a call off the kernel); the explicit module plain. Besides the base's
+answers, each cached run must equal the same columns of one uncached call
+(an invariant: no second implementation needed).
 """
 
 from __future__ import annotations
@@ -17,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from niels_gpt.config import ModelConfig
+from niels_gpt.model.attention import KVCache
 from niels_gpt.model.fastpath import (
     FastCausalSelfAttention,
     use_explicit_attention,
@@ -28,6 +38,9 @@ if TYPE_CHECKING:
     from niels_gpt_contracts.sandbox._oracle_kit import Oracle
 
 LENGTHS = (1, 2, 127, 128, 129, 255, 256, 257, 511, 512, 513, 767, 1024)
+CHUNK = 8  # cached chunks of every size 1..CHUNK
+SPANS = ((0, 42), (300, 320))  # the columns fed through the cache: cache lengths 0..41, 300..319
+PADS = (0, 5)  # leading pads of the two rows in the positions and masked modes
 
 
 def _attention(o: Oracle) -> None:
@@ -135,7 +148,89 @@ def _switch(o: Oracle) -> None:
     )
 
 
+def _frame(mode: str, stop: int) -> dict[str, torch.Tensor]:
+    """The keywords of columns ``0 .. stop`` in ``mode``: none, ``positions`` ``(2, stop)``
+    counted from each row's first real column, or those and ``key_mask`` ``(2, stop)``."""
+    cols = torch.arange(stop)  # (stop,)
+    pads = torch.tensor(PADS)[:, None]  # (2, 1)
+    frame: dict[str, torch.Tensor] = {}
+    if mode != "plain":
+        frame["positions"] = (cols[None, :] - pads).clamp(min=0)  # (2, stop)
+    if mode == "masked":
+        frame["key_mask"] = cols[None, :] >= pads  # (2, stop), True = a real key
+    return frame
+
+
+def _sweep(
+    attn: FastCausalSelfAttention,
+    x: torch.Tensor,
+    frame: dict[str, torch.Tensor],
+    n: int,
+    start: int,
+) -> dict[str, torch.Tensor]:
+    """For each first column ``start + j`` (``j < n``): one cached call on columns
+    ``0 .. start + j`` (none when empty), then chunks of ``n`` to the end.
+
+    Returns ``o<j>``: the outputs of columns ``start ..`` ``(B, stop - start, C)``.
+    """
+    B, stop = x.shape[0], x.shape[1]
+    out: dict[str, torch.Tensor] = {}
+    for j in range(n):
+        w = attn.qkv.weight
+        attn.kv_cache = KVCache(B, attn.n_head, stop, attn.head_dim, dtype=w.dtype, device=w.device)
+        parts, p = [], 0
+        for q in (start + j, *range(start + j + n, stop + n, n)):
+            q = min(q, stop)
+            if q > p:
+                keys = {k: v[:, :q] if k == "key_mask" else v[:, p:q] for k, v in frame.items()}
+                parts.append(attn(x[:, p:q], **keys))  # (B, q - p, C)
+                p = q
+        attn.kv_cache = None
+        out[f"o{j}"] = torch.cat(parts, dim=1)[:, start:]  # (B, stop - start, C)
+    return out
+
+
+def _cached(o: Oracle) -> None:
+    """Fast path x KV cache x positions x key mask: cached chunks of every size at every length."""
+    for dtype, short in ((torch.float32, "f32"), (torch.float64, "f64")):
+        attn = FastCausalSelfAttention(ModelConfig(V=2, T=320, C=16, H=2, dropout=0.0))
+        attn = attn.to(dtype).eval()
+        o.load_weights(attn, f"cached-{short}")
+        x_all = o.randn(2, 320, 16, tag=f"cached-x-{short}", dtype=dtype)  # (2, 320, 16)
+        for fast in (True, False):
+            (use_fast_attention if fast else use_explicit_attention)(attn)
+            for mode in ("plain", "positions", "masked") if fast else ("plain",):
+                for start, stop in SPANS:
+                    x, frame = x_all[:, :stop], _frame(mode, stop)  # (2, stop, 16)
+                    full = f"cached/{short}/{'fast' if fast else 'explicit'}/{mode}/{start}"
+                    about = f"B=2 C=16 {short} {mode} fast={fast}"
+                    with torch.no_grad():
+                        o.call(
+                            full,
+                            partial(attn, x, **frame),
+                            desc=f"{about} uncached, {stop} columns",
+                            stages=4,
+                            reduction=max(16, stop),
+                        )
+                        for n in range(1, CHUNK + 1):
+                            name = f"{full}/n={n}"
+                            same = [
+                                o.equal((name, f"o{j}", ()), (full, "out", ((1, start, stop),)))
+                                for j in range(n)
+                            ]
+                            o.call(
+                                name,
+                                partial(_sweep, attn, x, frame, n, start),
+                                desc=f"{about} cached chunks of {n} from column {start}..",
+                                stages=4,
+                                reduction=max(16, stop),
+                                relations=same,
+                            )
+        use_explicit_attention(attn)
+
+
 def calls(o: Oracle) -> None:
     """Every call of the fastpath stage's oracle."""
     _attention(o)
     _switch(o)
+    _cached(o)

@@ -3,7 +3,8 @@
 ``calls(o)`` drives the stage's public API with weights, ids and knobs drawn
 from the verdict's secret seed:
 
-- cached forwards: a GPT switched with ``use_kv_cache`` is fed its context in
+- cached forwards: a GPT switched with ``use_kv_cache`` (two of six runs also
+  with ``use_fast_attention``: the fast path's kernel on a cache) is fed its context in
   chunks of drawn sizes (1 to 64 tokens, sometimes up to the rest of the
   context) until the cache holds ``cfg.T`` positions, so calls land at many
   cache lengths and chunk sizes; each chunk's logits are compared with the
@@ -15,7 +16,14 @@ from the verdict's secret seed:
   length a decode step can have there), sampled at temperature 1 and traced,
   so a wrong cache shows in the traces even where the ids agree;
 - ``filter_logits`` on drawn logits and knobs; ``KVCache`` itself; bad
-  arguments, whose exception type must match the base's.
+  arguments, whose exception type must match the base's;
+- stacked (1.1 of this driver, spec 4.4): explicit and fast-path models,
+  float32 and float64, fed in cached chunks of every size 1..``CHUNK`` from
+  every first column, so every chunk size runs at every cache length 0..41
+  and 300..319, each run equal to the same columns of one uncached forward
+  (an invariant); ``generate`` greedy and sampled with a given generator on
+  both models through the same cache lengths, the fast model's ids equal to
+  the explicit model's in float64 (an invariant).
 
 Single-token cached steps fall under ``no-cat-on-decode`` and ``generate``
 calls under ``no-cat-in-generate`` (their ops are recorded).
@@ -43,6 +51,8 @@ if TYPE_CHECKING:
     from niels_gpt_contracts.sandbox._oracle_kit import Oracle
 
 DECODE, GENERATE = ("no-cat-on-decode",), ("no-cat-in-generate",)
+CHUNK = 8  # cached chunks of every size 1..CHUNK
+SPANS = ((0, 42), (300, 320))  # columns fed through the cache: cache lengths 0..41, 300..319
 
 
 def _gpt(o: Oracle, cfg: ModelConfig, tag: str, dtype: torch.dtype) -> GPT:
@@ -52,7 +62,8 @@ def _gpt(o: Oracle, cfg: ModelConfig, tag: str, dtype: torch.dtype) -> GPT:
 
 
 def _chunks(o: Oracle, run: int) -> None:
-    """One context fed in drawn chunks through the cache, then uncached."""
+    """One context fed in drawn chunks through the cache, then uncached; runs 4 and 5
+    on a fast-path model (its kernel then serves every cached chunk)."""
     r = o.rng(f"chunks{run}")
     big = run == 0
     cfg = ModelConfig(
@@ -67,9 +78,13 @@ def _chunks(o: Oracle, run: int) -> None:
     )
     dtype = torch.float64 if run % 2 else torch.float32
     gpt = _gpt(o, cfg, f"chunks{run}-w", dtype)
+    fast = run >= 4
+    if fast:
+        use_fast_attention(gpt)
     b = r.randint(1, 3)
     ids = o.randint(cfg.V, b, cfg.T, tag=f"chunks{run}-ids")  # (B, T)
-    name, about = f"chunks{run}", f"B={b} V={cfg.V} C={cfg.C} L={cfg.L} cfg.T={cfg.T} {dtype}"
+    name = f"chunks{run}"
+    about = f"B={b} V={cfg.V} C={cfg.C} L={cfg.L} cfg.T={cfg.T} {dtype} fast={fast}"
     spans: list[tuple[int, int]] = []
     use_kv_cache(gpt, b)
     p = 0
@@ -232,10 +247,91 @@ def _filters_and_bad(o: Oracle) -> None:
         )
 
 
+def _sweep(gpt: GPT, ids: torch.Tensor, n: int, start: int) -> dict[str, torch.Tensor]:
+    """For each first column ``start + j`` (``j < n``): a fresh cache, one call on
+    columns ``0 .. start + j`` (none when empty), then chunks of ``n`` to the end.
+
+    Returns ``o<j>``: the logits of columns ``start ..`` ``(B, stop - start, V)``.
+    """
+    B, stop = ids.shape
+    out: dict[str, torch.Tensor] = {}
+    for j in range(n):
+        use_kv_cache(gpt, B, max_len=stop)
+        parts, p = [], 0
+        for q in (start + j, *range(start + j + n, stop + n, n)):
+            q = min(q, stop)
+            if q > p:
+                parts.append(gpt(ids[:, p:q]))  # (B, q - p, V)
+                p = q
+        drop_kv_cache(gpt)
+        out[f"o{j}"] = torch.cat(parts, dim=1)[:, start:]  # (B, stop - start, V)
+    return out
+
+
+def _combos(o: Oracle) -> None:
+    """Fast path x KV cache: cached chunks of every size at every length, and generate."""
+    cfg = ModelConfig(V=29, T=320, C=16, H=2, L=1, d_ff=32, dropout=0.0)
+    ids = o.randint(29, 2, 320, tag="combos-ids")  # (2, 320)
+    for dtype, short in ((torch.float32, "f32"), (torch.float64, "f64")):
+        for fast in (False, True):
+            gpt = _gpt(o, cfg, f"combos-{short}-w", dtype)  # the same weights for both paths
+            if fast:
+                use_fast_attention(gpt)
+            kind = "fast" if fast else "explicit"
+            with torch.no_grad():
+                for start, stop in SPANS:
+                    full = f"combos/{short}/{kind}/{start}"
+                    o.call(
+                        full,
+                        partial(gpt, ids[:, :stop]),
+                        desc=f"{short} {kind} uncached, {stop} columns",
+                        stages=9,
+                        reduction=max(48, stop),
+                    )
+                    for n in range(1, CHUNK + 1):
+                        name = f"{full}/n={n}"
+                        o.call(
+                            name,
+                            partial(_sweep, gpt, ids[:, :stop], n, start),
+                            desc=f"{short} {kind} cached chunks of {n} from column {start}..",
+                            stages=9,
+                            reduction=max(48, stop),
+                            relations=[
+                                o.equal((name, f"o{j}", ()), (full, "out", ((1, start, stop),)))
+                                for j in range(n)
+                            ],
+                        )
+            for t, new in ((2, 42), (300, 20)):
+                for sampled in (False, True):
+                    tag = f"combos/{short}/gen-t={t}/{'sampled' if sampled else 'greedy'}"
+                    exact = fast and dtype == torch.float64  # no rounding flips a draw
+                    o.call(
+                        f"{tag}/{kind}",
+                        partial(
+                            generate,
+                            gpt,
+                            ids[:, :t],
+                            new,
+                            temperature=1.0 if sampled else 0.0,
+                            generator=o.generator(f"{tag}-draws"),
+                        ),
+                        desc=f"generate {short} {kind} B=2 t={t} new={new} sampled={sampled}",
+                        stages=9,
+                        reduction=cfg.T,
+                        rules=GENERATE,
+                        relations=[
+                            o.equal((f"{tag}/fast", "out", ()), (f"{tag}/explicit", "out", ()))
+                        ]
+                        if exact
+                        else (),
+                    )
+
+
 def calls(o: Oracle) -> None:
     """Every call of the kv_cache stage's oracle."""
-    for run in range(4):
+    for run in range(6):
         _chunks(o, run)
     _traces(o)
     _generate(o)
     _filters_and_bad(o)
+    _combos(o)

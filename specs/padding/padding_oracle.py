@@ -13,7 +13,12 @@ knobs drawn from the verdict's secret seed:
 - ``generate`` in float64 from padded prompts (greedy, sampled with one
   generator or a generator a row, eos, traces): the ids must be equal;
 - ``apply_rope_rows`` at drawn per-row positions;
-- bad arguments, whose exception type must match the base's.
+- bad arguments, whose exception type must match the base's;
+- stacked (1.1 of this driver, spec 3.4): padded ``generate`` on explicit and
+  fast-path models, float32 and float64, greedy and sampled with a generator a
+  row, decoding through every cache length 2..43 and 290..319; besides the
+  base's answers, the fast model's ids must equal the explicit model's, and
+  each row's tokens those of its real prompt generated alone (invariants).
 
 Padded forwards fall under ``no-sdpa-runtime``, padded generation under
 ``no-sdpa-in-generate`` and ``no-cat-in-generate`` (batches with a pad: a
@@ -234,6 +239,53 @@ def _rows_and_bad(o: Oracle) -> None:
         o.call(f"bad/{what}", fn, desc=f"bad argument: {what}", stages=1, reduction=1)
 
 
+COMBO_SPANS = ((3, 41, 48), (290, 30, 320))  # prompt width, new tokens, cfg.T
+
+
+def _combos(o: Oracle) -> None:
+    """Fast path x KV cache x key mask x positions x padding, through padded ``generate``."""
+    for dtype, short in ((torch.float32, "f32"), (torch.float64, "f64")):
+        for t, new, T in COMBO_SPANS:
+            cfg = ModelConfig(V=23, T=T, C=16, H=2, L=1, d_ff=32, dropout=0.0)
+            pads = [0, t - 1, t // 2]  # none, all but one, half
+            prompt = o.randint(23, 3, t, tag=f"combos-{t}-prompt")  # (3, t)
+            for sampled in (False, True):
+                knobs: dict[str, Any] = {"temperature": 1.0 if sampled else 0.0}
+                tag = f"combos/{short}/t={t}/{'sampled' if sampled else 'greedy'}"
+                for fast in (False, True):
+                    gpt = _gpt(o, cfg, f"combos-{short}-{T}-w", dtype, fast)
+                    name = f"{tag}/{'fast' if fast else 'explicit'}"
+                    gens = [o.generator(f"{tag}-row{j}") for j in range(3)]
+                    exact = dtype == torch.float64  # ids agree where rounding cannot flip a draw
+                    same = [o.equal((name, "out", ()), (f"{tag}/explicit", "out", ()))]
+                    o.call(
+                        name,
+                        partial(
+                            generate, gpt, prompt, _mask(pads, t), new, generator=gens, **knobs
+                        ),
+                        desc=f"padded generate {short} B=3 t={t} pads={pads} new={new} "
+                        f"sampled={sampled} fast={fast}",
+                        stages=16,
+                        reduction=cfg.T,
+                        relations=same if fast and exact else (),
+                    )
+                    if not exact:
+                        continue
+                    for row, pad in enumerate(pads):
+                        alone = f"{name}/row{row}"
+                        gen = [o.generator(f"{tag}-row{row}")]
+                        real = prompt[row : row + 1, pad:]  # (1, t - pad)
+                        cols = ((0, row, row + 1), (1, pad, t + new))
+                        o.call(
+                            alone,
+                            partial(generate, gpt, real, None, new, generator=gen, **knobs),
+                            desc=f"row {row} of {name} alone ({t - pad} prompt tokens)",
+                            stages=16,
+                            reduction=cfg.T,
+                            relations=[o.equal((name, "out", cols), (alone, "out", ()))],
+                        )
+
+
 def calls(o: Oracle) -> None:
     """Every call of the padding stage's oracle."""
     for i in range(6):
@@ -241,3 +293,4 @@ def calls(o: Oracle) -> None:
     _loss(o)
     _generate(o)
     _rows_and_bad(o)
+    _combos(o)

@@ -11,8 +11,11 @@ base's.
 
 from __future__ import annotations
 
+import importlib.util
+from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import torch
 
@@ -85,3 +88,29 @@ def calls(o: Oracle) -> None:
     _tables(o)
     _rotations(o)
     _bad(o)
+
+
+def _domain() -> Any:
+    """``rope_oracle_domain.py`` beside this file: 1.4's domain sweeps (``domain/...``)."""
+    path = Path(__file__).with_name("rope_oracle_domain.py")
+    spec = importlib.util.spec_from_file_location("_rope_oracle_domain", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_Driver = TypeVar("_Driver", bound="Callable[[Oracle], None]")
+
+
+def _then_domain(first: _Driver) -> _Driver:
+    """``first``'s calls, then the domain sweeps (1.4: added after the earlier calls, unchanged)."""
+
+    def both(o: Oracle) -> None:
+        first(o)
+        _domain().calls(o)
+
+    return cast(_Driver, both)
+
+
+calls = _then_domain(calls)

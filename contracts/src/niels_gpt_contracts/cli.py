@@ -31,6 +31,7 @@ from niels_gpt_contracts.mutants import report as mutants_report
 from niels_gpt_contracts.mutants import runner as mutants_runner
 from niels_gpt_contracts.reporters import FORMATS, renderer, stderr_guard
 from niels_gpt_contracts.result import Result
+from niels_gpt_contracts.sandbox import processes
 from niels_gpt_contracts.sandbox.environment import build
 from niels_gpt_contracts.verdict import pr as pr_verdict
 
@@ -287,6 +288,10 @@ def _progress(line: str) -> None:
 
 
 def _main_mutants(args: argparse.Namespace) -> int:
+    return _ending(lambda: _mutants(args))
+
+
+def _mutants(args: argparse.Namespace) -> int:
     render = mutants_report.render_json if args.format == "json" else mutants_report.render_text
     opts = mutants_runner.Options(
         repo=args.repo,
@@ -301,6 +306,9 @@ def _main_mutants(args: argparse.Namespace) -> int:
     )
     try:
         result = mutants_runner.run(opts)
+    except processes.Ended as err:
+        sys.stderr.write(f"contracts: error: {err}: every mutant run was killed; no result\n")
+        return EXIT_ERROR
     except ConfigError as err:  # SpecErrors included
         sys.stderr.write(f"contracts: error: {err}\n")
         if args.format != "text":
@@ -351,7 +359,27 @@ def _main_pr(args: argparse.Namespace) -> int:
         oracle_seed=args.oracle_seed,
         full=args.full,
     )
-    return _judged(lambda: pr_verdict.run(request, _progress), render, render_error, args)
+    return _ending(
+        lambda: _judged(lambda: pr_verdict.run(request, _progress), render, render_error, args)
+    )
+
+
+def _ending(work: Callable[[], int]) -> int:
+    """``work()`` with the ending signals handled: a SIGTERM, SIGINT, SIGHUP or SIGQUIT
+    kills every process it started and exits 2 at once (never 0), one line on stderr."""
+    code = EXIT_ERROR
+    try:
+        with processes.ending_on_signals(EXIT_ERROR):
+            code = work()
+    except processes.Ended as err:  # it came while an error or the result was being reported
+        sys.stderr.write(f"contracts: error: {err}: every worker of the verdict was killed\n")
+    if processes.ended() is not None:
+        # Threads of the verdict may still hold workers: end the tree and the process now.
+        processes.kill_tree()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(EXIT_ERROR)
+    return code
 
 
 def _judged(
@@ -363,6 +391,12 @@ def _judged(
     """Run a judgement; exit 0/1 on a verdict, 2 (and no verdict) on any error."""
     try:
         result = judge()
+    except processes.Ended as err:
+        message = f"{err}: every worker of the verdict was killed; no verdict"
+        sys.stderr.write(f"contracts: error: {message}\n")
+        if args.format != "text":
+            _emit(render_error(message), args.output)
+        return EXIT_ERROR
     except SpecErrors as err:
         for one in err.errors:
             sys.stderr.write(f"contracts: error: {one}\n")

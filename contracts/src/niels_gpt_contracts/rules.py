@@ -225,6 +225,15 @@ RULES: dict[str, RuleDoc] = {
         "(renamed, deselected, not collected) proves nothing.",
         "Restore the test, or keep it collectable under its name.",
     ),
+    "tests.removed": RuleDoc(
+        "A stage PR switches off a test of its stage.",
+        "The next PR inherits this one's tests. A test the base collects and runs that the "
+        "PR's version of the stage's tests deletes, renames, deselects, skips or marks as "
+        "an expected failure no longer guards the stage; removing a test is a maintainer's "
+        "amendment (a commit with Spec: trailers), not part of a stage PR.",
+        "Restore the named test so that it runs and passes, or ask a maintainer to remove "
+        "it in an amendment.",
+    ),
     "tests.error": RuleDoc(
         "A test run of the verdict could not be read.",
         "A collection error, a time limit or a missing report leaves unknown what the run "

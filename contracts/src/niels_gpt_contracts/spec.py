@@ -127,6 +127,7 @@ class OracleSpec:
     driver: str  # specs/<stage>/<file>.py:<function>
     references: Mapping[str, str] = field(default_factory=dict)  # module -> specs/<stage>/x.py
     reference_calls: tuple[str, ...] = ()
+    axes: tuple[str, ...] = ()  # the domain axes the driver must sweep (checks/coverage)
 
     @property
     def driver_file(self) -> str:
@@ -393,6 +394,7 @@ def parse_spec(path: str, text: str, schema: Mapping[str, Any]) -> Spec:
             oracle["driver"],
             dict(oracle.get("references", {})),
             tuple(oracle.get("reference_calls", [])),
+            tuple(oracle.get("axes", [])),
         ),
         may_match=compile_patterns(p["may_change"]),
         must_not_match=compile_patterns(p.get("must_not_change", [])),

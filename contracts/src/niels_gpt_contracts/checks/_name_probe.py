@@ -54,6 +54,15 @@ def _names(code: types.CodeType) -> set[str]:
     return found
 
 
+def _generator(obj: Any) -> bool:
+    """``obj`` is a torch random generator, or a list or tuple holding one."""
+    items = list(obj) if isinstance(obj, (list, tuple)) else [obj]
+    return any(
+        type(x).__name__ == "Generator" and str(type(x).__module__).split(".")[0] == "torch"
+        for x in items
+    )
+
+
 def _describe(obj: Any) -> dict[str, Any]:
     kind = (
         "module"
@@ -78,6 +87,7 @@ def _describe(obj: Any) -> dict[str, Any]:
         "defined_in": defined,
         "qualname": qualname if isinstance(qualname, str) else None,
         "markers": markers,
+        "generator": _generator(obj),  # a live one, reached through a module: global
     }
 
 

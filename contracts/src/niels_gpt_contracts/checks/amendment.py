@@ -31,6 +31,7 @@ from pathlib import Path
 
 import tomllib
 
+from niels_gpt_contracts.checks.coverage import check_coverage
 from niels_gpt_contracts.checks.evidence_diff import compare_file
 from niels_gpt_contracts.checks.loading import load_specs
 from niels_gpt_contracts.checks.spec_diff import Change, classify, worst
@@ -108,6 +109,9 @@ class _Judge:
             ]
             return [Outcome(stage, "spec", BROKEN, "the amended spec is not valid", invalid)]
         rows = [Outcome(stage, "spec", KEPT, f"{path} at head valid (base's schema)")]
+        unswept = check_coverage(head_spec, self.after)  # declared axes the driver never sweeps
+        if unswept:
+            return [*rows, Outcome(stage, "coverage", BROKEN, "a declared axis unswept", unswept)]
         if before is None:
             why = f"new stage spec {head_spec.version}: its first PR adds the package"
             return [*rows, Outcome(stage, "amendment", KEPT, why)]

@@ -22,6 +22,7 @@ from niels_gpt_contracts.checks import (
     amendment,
     api,
     autoload,
+    coverage,
     devices,
     invariants,
     modules,
@@ -144,6 +145,9 @@ def run_tree(request: Request) -> Result:
     claims = invariants.scan_claims(tree)
     for spec in chosen:
         result.outcomes.append(Outcome(spec.id, "spec", KEPT, f"{spec.path} valid"))
+        if spec.oracle is not None and spec.oracle.axes:  # the driver sweeps what the spec declares
+            swept = coverage.check_coverage(spec, tree)
+            result.outcomes.append(_outcome(spec.id, "coverage", swept, coverage.summary(spec)))
         if spec.id in pending:
             # The maintainers' spec and acceptance tests land before the stage's first PR.
             why = f"pending: {spec.package} does not exist yet; its first PR adds it"

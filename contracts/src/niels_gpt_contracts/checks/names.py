@@ -68,8 +68,12 @@ GLOBAL_STATE = frozenset(
         "set_num_threads",
         "set_num_interop_threads",
         "manual_seed",
+        "manual_seed_all",
         "seed",
+        "seed_all",
         "set_rng_state",
+        "set_rng_state_all",
+        "fork_rng",
         "use_deterministic_algorithms",
         "set_deterministic_debug_mode",
         "set_flush_denormal",
@@ -80,6 +84,9 @@ GLOBAL_STATE = frozenset(
         "set_anomaly_enabled",
     }
 )
+# The process-wide random generators themselves: whoever holds one can reseed or
+# rewind every other user's random stream (``.set_state``, ``.manual_seed``).
+GLOBAL_GENERATORS = frozenset({"default_generator", "default_generators"})
 Finding = tuple[str, int, str]
 
 
@@ -98,11 +105,32 @@ def _bindings(tree: ast.Module) -> dict[str, str]:
     return out
 
 
+def _literal_getattr(node: ast.AST) -> tuple[ast.AST, str] | None:
+    """``(object, name)`` of ``getattr(object, "name"[, default])``, else ``None``."""
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == "getattr"
+        and len(node.args) >= 2
+        and isinstance(node.args[1], ast.Constant)
+        and isinstance(node.args[1].value, str)
+    ):
+        return node.args[0], node.args[1].value
+    return None
+
+
 def _chain(node: ast.AST) -> list[str] | None:
+    """Dotted parts of ``a.b.c``; a literal ``getattr(a, "b")`` reads as ``a.b``."""
     parts: list[str] = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
+    while True:
+        if isinstance(node, ast.Attribute):
+            parts.append(node.attr)
+            node = node.value
+        elif (got := _literal_getattr(node)) is not None:
+            parts.append(got[1])
+            node = got[0]
+        else:
+            break
     if isinstance(node, ast.Name):
         return [node.id, *reversed(parts)]
     return None
@@ -112,9 +140,11 @@ def chains(tree: ast.Module) -> list[tuple[str, int]]:
     """``(dotted, line)`` of every maximal attribute chain rooted at an imported name."""
     bound = _bindings(tree)
     inner = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    inner |= {id(g[0]) for n in ast.walk(tree) if (g := _literal_getattr(n)) is not None}
     out: list[tuple[str, int]] = []
     for node in ast.walk(tree):
-        if id(node) in inner or not isinstance(node, (ast.Attribute, ast.Name)):
+        chained = isinstance(node, (ast.Attribute, ast.Name)) or _literal_getattr(node)
+        if id(node) in inner or not chained:
             continue
         parts = _chain(node)
         if parts and parts[0] in bound:
@@ -246,8 +276,13 @@ def judge_resolved(dotted: str, found: Mapping[str, Any]) -> str | None:
     markers = found.get("markers") or []
     if markers:
         return f"{dotted} runs programs or loads code (its code uses {', '.join(markers)})"
-    if dotted.rsplit(".", 1)[-1] in GLOBAL_STATE or "register_module_" in dotted:
+    qualname = found.get("qualname")
+    own_name = qualname.rsplit(".", 1)[-1] if isinstance(qualname, str) else ""
+    last = dotted.rsplit(".", 1)[-1]
+    if last in GLOBAL_STATE or own_name in GLOBAL_STATE or "register_module_" in dotted:
         return f"{dotted} changes torch's global state, for every stage"
+    if found.get("generator") or GLOBAL_GENERATORS & set(dotted.split(".")):
+        return f"{dotted} is a process-wide random generator: it can reseed every stage's draws"
     return None
 
 

@@ -226,6 +226,7 @@ def _oracle(base: Mapping[str, Any] | None, head: Mapping[str, Any] | None) -> l
         "ADDITIVE",
         "BREAKING",
     )
+    out += _sets(base.get("axes", []), head.get("axes", []), "oracle axis", "ADDITIVE", "BREAKING")
     return out
 
 

@@ -195,6 +195,7 @@ class Oracle:
         relations: Sequence[Mapping[str, Any]] = (),
         compare: Sequence[str] | None = None,
         computes_in: torch.dtype | None = None,
+        axes: Sequence[str] = (),
     ) -> None:
         """Run ``fn()`` and send what it returned (or the exception it raised).
 
@@ -212,7 +213,8 @@ class Oracle:
         mode with dropout compares only what dropout does not touch);
         ``computes_in`` is the dtype the arithmetic runs in when it is narrower
         than an output's (bfloat16 autocast returns float32 probabilities
-        computed from bfloat16 products): the bound then uses its ``eps``.
+        computed from bfloat16 products): the bound then uses its ``eps``;
+        ``axes`` are the spec's domain axes this call sweeps (``checks/coverage``).
         """
         if not self._run(name):
             return
@@ -231,6 +233,7 @@ class Oracle:
             "compare": None if compare is None else list(compare),
             "computes_in": None if computes_in is None else str(computes_in).removeprefix("torch."),
             "error": None,
+            "axes": sorted(set(axes)),
         }
         casts: list[str] = []
         tensors: dict[str, torch.Tensor] = {}

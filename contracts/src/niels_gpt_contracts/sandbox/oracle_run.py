@@ -72,6 +72,7 @@ class Call:
     values: Mapping[str, Any]
     casts: tuple[str, ...]
     outputs: dict[str, Output]
+    axes: tuple[str, ...] = ()  # the spec's domain axes the driver says this call sweeps
     after: Mapping[str, Any] | None = None  # what it left behind (``_oracle_aftermath``)
 
 
@@ -198,8 +199,15 @@ def _call(head: dict[str, Any], outputs: dict[str, Output]) -> Call:
         values=values,
         casts=tuple(_str(c, "a cast") for c in casts),
         outputs=outputs,
+        axes=tuple(_str(a, "an axis") for a in _list(head.get("axes", []), "axes")),
         after=after,
     )
+
+
+def _list(value: Any, what: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise Unreadable(f"expected a list of {what}, found {type(value).__name__}")
+    return value
 
 
 def read_stream(pipe: BinaryIO, stream: Stream) -> bool:
@@ -274,6 +282,7 @@ def _run(box: Sandbox, job: Job, site: Path, timeout: float) -> Stream:
     request = {**job.request, "fd": write_fd, "roots": [str(site)]}
     worker = Path(box.boot) / "niels_gpt_contracts" / "sandbox" / WORKER
     start = time.monotonic()
+    processes.refuse_if_ended()
     proc = subprocess.Popen(
         [box.python, "-I", str(worker)],
         env=_environ(box, job.threads),

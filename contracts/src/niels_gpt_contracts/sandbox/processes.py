@@ -5,6 +5,11 @@ the whole group is killed. A process that escaped its group (double fork plus
 ``setsid``) is reparented to the checker, which registers itself as a child
 subreaper on Linux (``prctl(PR_SET_CHILD_SUBREAPER)``), and is killed and
 reaped after the run. Elsewhere only the group kill applies (see SECURITY.md).
+
+A signal that ends the verdict (SIGTERM, SIGINT, SIGHUP, SIGQUIT) ends the
+whole tree too: ``ending_on_signals`` kills every descendant (walking ``/proc``,
+each one's process group as well) before ``Ended`` unwinds the checker, which
+then exits non-zero with no verdict.
 """
 
 from __future__ import annotations
@@ -23,8 +28,19 @@ from pathlib import Path
 
 PR_SET_CHILD_SUBREAPER = 36
 PR_SET_DUMPABLE = 4
+ENDING_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 _active: set[int] = set()
 _lock = threading.Lock()
+_ended: list[int] = []  # the signal that ended this verdict, once one came
+
+
+class Ended(BaseException):
+    """A signal ended the verdict; its workers are already killed. Not an ``Exception``:
+    nothing that handles errors may turn it into a verdict."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        super().__init__(f"ended by {signal.Signals(signum).name}")
 
 
 @dataclass(frozen=True)
@@ -76,6 +92,100 @@ def _children() -> list[int]:
     return found
 
 
+def _table() -> dict[int, tuple[int, int, str]]:
+    """``pid -> (parent pid, process group, state)`` of every process in ``/proc``."""
+    out: dict[int, tuple[int, int, str]] = {}
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return out
+    for entry in proc.iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                out[int(entry.name)] = (int(fields[1]), int(fields[2]), fields[0])
+    return out
+
+
+def descendants(root: int | None = None) -> dict[int, int]:
+    """``pid -> process group`` of every live (not zombie) process below ``root``
+    (this process by default), in ``/proc``'s tree; empty where there is none."""
+    table = _table()
+    below: dict[int, list[int]] = {}
+    for pid, (ppid, _, _) in table.items():
+        below.setdefault(ppid, []).append(pid)
+    found: dict[int, int] = {}
+    todo = list(below.get(os.getpid() if root is None else root, []))
+    while todo:
+        pid = todo.pop()
+        if pid in found or pid not in table:
+            continue
+        _, group, state = table[pid]
+        if state != "Z":
+            found[pid] = group
+        todo += below.get(pid, [])
+    return found
+
+
+def kill_tree(rounds: int = 100) -> int:
+    """SIGKILL every descendant and its process group until none is left; how many."""
+    mine = os.getpgrp()
+    killed: set[int] = set()
+    for _ in range(rounds):
+        found = descendants()
+        if not found:
+            break
+        for pid, group in found.items():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                if group != mine:
+                    os.killpg(group, signal.SIGKILL)
+                os.kill(pid, signal.SIGKILL)
+            killed.add(pid)
+        time.sleep(0.01)
+    for pid in _children():  # reap the children, whose exit nobody else will wait for now
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitpid(pid, os.WNOHANG)
+    return len(killed)
+
+
+def ended() -> int | None:
+    """The signal that ended this verdict, or ``None``."""
+    return _ended[0] if _ended else None
+
+
+@contextlib.contextmanager
+def ending_on_signals(code: int) -> Iterator[None]:
+    """While inside: a SIGTERM, SIGINT, SIGHUP or SIGQUIT kills every descendant and
+    raises ``Ended`` in the main thread; a second one exits at once with ``code``
+    (never 0). Outside the main thread nothing is installed (and nothing changes)."""
+    if code == 0:
+        raise ValueError("a verdict ended by a signal never exits 0")
+
+    def handler(signum: int, _frame: object) -> None:
+        if _ended:  # a second signal while unwinding: no more waiting
+            kill_tree()
+            os._exit(code)
+        _ended.append(signum)
+        kill_tree()
+        raise Ended(signum)
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _ended.clear()
+    before = {sig: signal.signal(sig, handler) for sig in ENDING_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, old in before.items():
+            signal.signal(sig, old)
+
+
+def refuse_if_ended() -> None:
+    """Raise ``Ended`` once a signal ended the verdict: no new worker may start."""
+    if _ended:
+        raise Ended(_ended[0])
+
+
 def reap_orphans() -> int:
     """Kill and reap every child this process did not start itself; how many."""
     killed = 0
@@ -118,6 +228,7 @@ def run(
     stdin: str | None = None,
 ) -> Finished:
     """Run ``cmd`` to completion in its own session; kill what it leaves behind."""
+    refuse_if_ended()
     start = time.monotonic()
     proc = subprocess.Popen(
         list(cmd),

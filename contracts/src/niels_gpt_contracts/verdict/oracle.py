@@ -151,7 +151,27 @@ def judge(
         if problem:
             raise ConfigError(f"the oracle's {trusted.label} worker failed: {problem}")
     ref = streams[2] if refs else Stream("reference")
+    unswept = _unswept(stages, [streams[1], ref])
+    if unswept:
+        raise ConfigError(f"the oracle's trusted drivers left a declared axis unswept: {unswept}")
     return _decide(stage, stages, based, refs, streams[0], streams[1], ref, seed)
+
+
+def _unswept(stages: list[Spec], trusted: list[Stream]) -> str | None:
+    """The first declared axis (``[oracle].axes``) no trusted call of its stage carried.
+
+    The static check (``checks/coverage``) reads the drivers; this one sees what ran.
+    """
+    for spec in stages:
+        if spec.oracle is None or not spec.oracle.axes:
+            continue
+        carried = {
+            a for s in trusted for (st, _), c in s.calls.items() if st == spec.id for a in c.axes
+        }
+        missing = [a for a in spec.oracle.axes if a not in carried]
+        if missing:
+            return f"{spec.id}: {missing[0]}"
+    return None
 
 
 def _decide(

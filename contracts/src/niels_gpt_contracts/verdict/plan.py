@@ -2,8 +2,9 @@
 
 For a PR of stage ``S`` the *touched* stages are ``S`` and every stage whose
 source files the PR changes (backbone v1 may edit core's ``config.py``); the
-*closure* is the touched stages and every stage that depends on one of them,
-transitively (read from the base's specs). The *reference tests* are the
+*closure* is the touched stages and every stage that depends on one of them
+or uses one (its sources, tests or drivers import its modules: kv_cache's
+tests and oracle run the fast path), transitively, read from the base. The *reference tests* are the
 base's test files of every closure stage (``packages/<stage>/tests/**``) plus
 their maintainer-owned acceptance tests (``specs/<stage>/tests/**``), each
 taken from the base, except a file the PR edited under a line-scoped
@@ -35,6 +36,7 @@ class Plan:
     reference_from_head: list[str] = field(default_factory=list)
     pr_support: list[str] = field(default_factory=list)  # head files the PR tests may import
     pr_tests: list[str] = field(default_factory=list)
+    own_tests_touched: bool = False  # the PR changed, added or deleted a file of its tests/
 
     @property
     def reference_files(self) -> list[str]:
@@ -53,14 +55,18 @@ def is_test_file(path: str) -> bool:
     return path.endswith(".py") and TEST_FILE.match_file(path.rsplit("/", 1)[-1])
 
 
-def closure(touched: set[str], specs: Mapping[str, Spec]) -> list[Spec]:
-    """The touched stages and every stage that depends on one, transitively, in spec order."""
+def closure(
+    touched: set[str], specs: Mapping[str, Spec], uses: Mapping[str, set[str]] | None = None
+) -> list[Spec]:
+    """The touched stages and every stage that depends on one or uses one, transitively,
+    in spec order. ``uses``: stage -> the stages its files import (``checks.importers``)."""
     found = set(touched)
+    edges = {s.id: set(s.depends_on) | set((uses or {}).get(s.id, ())) for s in specs.values()}
     changed = True
     while changed:
         changed = False
         for spec in specs.values():
-            if spec.id not in found and found & set(spec.depends_on):
+            if spec.id not in found and found & edges[spec.id]:
                 found.add(spec.id)
                 changed = True
     return [s for s in specs.values() if s.id in found]
@@ -77,10 +83,12 @@ def make_plan(
     base_files: list[str],
     head_files: list[str],
     rejected: set[str],
+    uses: Mapping[str, set[str]] | None = None,
 ) -> Plan:
     """Decide the runs from the base's specs, the diff and both trees' file lists.
 
-    ``rejected``: paths the path check found violations on (never taken from the head).
+    ``rejected``: paths the path check found violations on (never taken from the head);
+    ``uses``: the base's import edges between stages (``checks.importers.uses``).
     """
     touched = {stage.id} | {
         s.id
@@ -94,7 +102,7 @@ def make_plan(
     present = {f.split("/", 2)[1] for f in head_files if f.startswith("packages/")}
     stages = [
         s
-        for s in closure(touched, specs)
+        for s in closure(touched, specs, uses)
         if s.id == stage.id or s.package.removeprefix("packages/") in present
     ]
     plan = Plan(stage, stages)
@@ -115,6 +123,7 @@ def make_plan(
             )
             (plan.reference_from_head if line_edited else plan.reference_from_base).append(path)
     own = f"{stage.package}/tests/"
+    plan.own_tests_touched = any(p.startswith(own) for c in changes for p in c.paths())
     plan.pr_support = sorted(p for p in head_files if p.startswith(own) and p.endswith(".py"))
     plan.pr_tests = sorted(
         p

@@ -43,7 +43,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from niels_gpt_contracts import device_probe
-from niels_gpt_contracts.checks import amendment, api, devices, gate, invariants, pr_context
+from niels_gpt_contracts.checks import (
+    amendment,
+    api,
+    devices,
+    gate,
+    importers,
+    invariants,
+    pr_context,
+)
 from niels_gpt_contracts.checks.modules import namespaces
 from niels_gpt_contracts.errors import ConfigError
 from niels_gpt_contracts.mutants.runner import Cache
@@ -138,7 +146,13 @@ def static_phase(v: State) -> None:
     gate.judge_pr_static(ctx, v.result)
     rejected = {x.path for x in v.result.violations if x.path is not None}
     v.plan = plan.make_plan(
-        ctx.spec, ctx.specs, ctx.changes, ctx.base_tree.files(), ctx.head_tree.files(), rejected
+        ctx.spec,
+        ctx.specs,
+        ctx.changes,
+        ctx.base_tree.files(),
+        ctx.head_tree.files(),
+        rejected,
+        importers.uses(ctx.specs, ctx.base_tree),
     )
     gate.add_rule_texts(v.result, v.plan.closure)
     v.claims = invariants.scan_claims(ctx.head_tree)

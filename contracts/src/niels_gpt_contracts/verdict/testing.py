@@ -6,8 +6,10 @@ same tests on the base's code and, where the PR's code skipped a test, its
 re-run on the base's code (``ratchet``); the ops a ``tests = true`` runtime
 rule forbids, recorded in the reference run and judged against the same
 tests on the base's code (``runtime_tests``); then the PR's own added or
-changed tests. The collection on the base runs beside the reference run, in a thread:
-it waits on a child process, and a machine of two cores has a core free
+changed tests, and where the PR touched its stage's test folder, the whole of
+that folder as the head has it: a test of the base's it no longer runs is
+``tests.removed`` (``removed``). The collection on the base runs beside the
+reference run, in a thread: it waits on a child process, and a machine of two cores has a core free
 while the parallel run starts its workers.
 """
 
@@ -23,7 +25,7 @@ from niels_gpt_contracts.checks import devices
 from niels_gpt_contracts.result import Violation
 from niels_gpt_contracts.sandbox import pytest_run, workspace
 from niels_gpt_contracts.sandbox.environment import Sandbox
-from niels_gpt_contracts.verdict import plan, ratchet, runtime_tests
+from niels_gpt_contracts.verdict import plan, ratchet, removed, runtime_tests
 from niels_gpt_contracts.verdict.files import Workspace
 
 Say = Callable[[str], None]
@@ -82,11 +84,15 @@ def tests_on(
         p, ref, lambda ids: r.on(r.w.base, ids, device, record_ops=ops), p.stage.id, at.check
     )
     runs = [ref]
-    if p.pr_tests:
-        say(f"the PR's own tests on {device}: {len(p.pr_tests)} files")
-        pr = r.on(r.w.head, p.pr_tests, device, pr=True, jobs=r.jobs)
+    head_targets = removed.head_targets(p)
+    pr: pytest_run.PytestRun | None = None
+    if head_targets:
+        say(f"the PR's own tests on {device}: {len(head_targets)} files")
+        pr = r.on(r.w.head, head_targets, device, pr=True, jobs=r.jobs)
         found += ratchet.judge_pr_tests(pr, at)
         runs.append(pr)
+    base_ids = base_collect.collected or list(ref.tests)
+    found += removed.judge(p, base_ids, base_skips, pr, at, device)
     return found, runs
 
 
@@ -96,8 +102,11 @@ def summary(runs: list[pytest_run.PytestRun]) -> str:
     text = f"{len(ref.tests) - skipped} reference tests pass on the PR's code"
     if skipped:
         text += f" ({skipped} skipped, as on the base)"
-    if pr:
-        text += f"; {len(pr[0].tests)} of the PR's own tests pass"
+    if pr:  # the PR's changed tests, or its stage's whole folder (``removed``)
+        pr_skipped = len(ratchet.skipped(pr[0]))
+        text += f"; {len(pr[0].tests) - pr_skipped} of the PR's own tests pass"
+        if pr_skipped:
+            text += f" ({pr_skipped} skipped, as on the base)"
     return text
 
 

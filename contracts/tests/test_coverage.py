@@ -1,0 +1,149 @@
+"""``oracle.coverage``: a spec's declared domain axes, each swept by its oracle driver.
+
+The real drivers of the stages that declare axes are read as they are (every
+axis found), then with one axis taken out of their source (named as unswept).
+``contracts check`` (tree mode) and a ``Spec:`` amendment refuse a spec whose
+driver leaves an axis out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import pytest
+from gatekit import Repo, rules
+
+from niels_gpt_contracts.checks.coverage import check_coverage, swept_axes
+from niels_gpt_contracts.checks.loading import load_specs
+from niels_gpt_contracts.gitdiff import GitRepo, Tree, WorkingTree
+from niels_gpt_contracts.sandbox.oracle_run import Call, Stream
+from niels_gpt_contracts.spec import Spec
+from niels_gpt_contracts.verdict.oracle import _unswept
+
+ROOT = Path(__file__).resolve().parents[2]
+DECLARING = ("rope", "attention", "block", "backbone_v1")
+
+
+class _Dict(Tree):
+    """A tree held in a dict (path -> text)."""
+
+    label = "dict"
+
+    def __init__(self, files: Mapping[str, str]) -> None:
+        self._files = dict(files)
+
+    def files(self) -> list[str]:
+        return sorted(self._files)
+
+    def read(self, path: str) -> str | None:
+        return self._files.get(path)
+
+
+def _real() -> tuple[dict[str, Spec], dict[str, str]]:
+    tree = WorkingTree(GitRepo.discover(ROOT))
+    specs = load_specs(tree)
+    texts = {f: t for f, t in tree.read_many(tree.files()).items() if f.startswith("specs/") and t}
+    return dict(specs), texts
+
+
+@pytest.mark.parametrize("stage", DECLARING)
+def test_the_real_drivers_sweep_every_declared_axis(stage: str) -> None:
+    specs, texts = _real()
+    spec = specs[stage]
+    assert spec.oracle is not None and {"magnitude", "grad2", "history"} <= set(spec.oracle.axes)
+    assert check_coverage(spec, _Dict(texts)) == []
+
+
+@pytest.mark.parametrize("stage", DECLARING)
+@pytest.mark.parametrize("axis", ["magnitude", "grad2", "history", "errors"])
+def test_an_axis_taken_out_of_the_driver_is_named(stage: str, axis: str) -> None:
+    specs, texts = _real()
+    spec = specs[stage]
+    own = f"specs/{stage}/"
+    cut = {
+        f: t.replace(f'"{axis}"', '"elsewhere"') if f.startswith(own) else t
+        for f, t in texts.items()
+    }
+    found = check_coverage(spec, _Dict(cut))
+    assert [(v.rule, v.stage) for v in found] == [("oracle.coverage", stage)]
+    assert f"'{axis}'" in found[0].message
+
+
+def test_only_literals_in_axes_of_a_call_count() -> None:
+    src = """
+GRAD = ("grad2",)
+TWICE = ("x",)
+TWICE = ("history",)
+def calls(o):
+    o.call("a", f, axes=("magnitude", "dtype"))
+    o.call("b", f, axes="layout")
+    o.call("c", f, axes=GRAD)
+    o.call("d", f, axes=TWICE)                 # bound twice: not a literal
+    o.call("e", f, axes=tuple(["modes"]))      # built at run time: not seen
+    o.other("f", f, axes=("errors",))          # not a call
+    call("g", axes=("config",))                # not a method call
+    return "history"
+"""
+    assert swept_axes(src) == {"magnitude", "dtype", "layout", "grad2"}
+
+
+DRIVER = """
+def calls(o):
+    o.call("big", f, axes=("magnitude",))
+    o.call("twice", f, axes=("grad2",))
+"""
+ORACLE = '\n[oracle]\ndriver = "specs/alpha/alpha_oracle.py:calls"\naxes = ["magnitude", "grad2"]\n'
+
+
+def _declare(repo: Repo, driver: str = DRIVER) -> None:
+    text = repo.read("specs/alpha.toml")
+    head, sep, tail = text.partition("\n[[invariants]]")
+    repo.write("specs/alpha.toml", head + ORACLE + sep + tail)
+    repo.write("specs/alpha/alpha_oracle.py", driver)
+
+
+def test_contracts_check_refuses_a_driver_that_leaves_an_axis_unswept(repo: Repo) -> None:
+    _declare(repo)
+    code, out = repo.gate_json("--no-api", "--stage", "alpha")
+    assert code == 0, out
+    repo.replace("specs/alpha/alpha_oracle.py", ', axes=("grad2",)', "")
+    code, out = repo.gate_json("--no-api", "--stage", "alpha")
+    assert code == 1
+    assert rules(out) == {("oracle.coverage", "specs/alpha.toml")}
+    assert any("'grad2'" in v["message"] for v in out["violations"])
+
+
+@pytest.mark.parametrize("swept", [True, False])
+def test_a_spec_amendment_whose_driver_leaves_an_axis_unswept_is_refused(
+    repo: Repo, swept: bool
+) -> None:
+    driver = DRIVER if swept else DRIVER.replace(', axes=("grad2",)', "")
+    repo.write("specs/alpha/alpha_oracle.py", driver)
+    repo.commit("driver")
+    _declare(repo, driver)
+    repo.replace("specs/alpha.toml", 'version = "1.0.0"', 'version = "1.1.0"')
+    repo.commit("alpha: declare the axes\n\nSpec: alpha")
+    code, out = repo.gate_json("--base", "HEAD~1")
+    assert (code, ("oracle.coverage", "specs/alpha.toml") in rules(out)) == (
+        (0, False) if swept else (1, True)
+    ), out
+
+
+def _answer(stage: str, name: str, axes: tuple[str, ...]) -> Call:
+    return Call(stage, name, "", 1, 1, (), (), None, None, None, "", {}, (), {}, axes)
+
+
+def test_the_verdict_sees_which_axes_the_trusted_calls_carried() -> None:
+    """At verdict time the base's (and reference's) calls must carry every declared axis."""
+    spec = _real()[0]["rope"]
+    assert spec.oracle is not None
+    base, ref = Stream("base"), Stream("reference")
+    for i, axis in enumerate(spec.oracle.axes):
+        (ref if axis == "errors" else base).calls[("rope", f"c{i}")] = _answer(
+            "rope", f"c{i}", (axis,)
+        )
+    assert _unswept([spec], [base, ref]) is None
+    del ref.calls[("rope", f"c{spec.oracle.axes.index('errors')}")]
+    base.calls[("attention", "x")] = _answer("attention", "x", ("errors",))  # another stage's
+    assert _unswept([spec], [base, ref]) == "rope: errors"
