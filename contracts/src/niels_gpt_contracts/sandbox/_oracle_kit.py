@@ -11,13 +11,14 @@ base's code (or the spec's float64 reference).
 
 Draws are keyed by ``(seed, stage, tag)``: the head's and the base's workers
 draw the same numbers for the same tag whatever else either of them drew.
-The global torch generator is never seeded: torch seeds it at random in
-every process, so the code under test sees what a user's fresh process
-shows (``torch.initial_seed()`` a random 64-bit number; the tests seed it,
-often to 0). Before each call it is put back to the state it had when the
-stage's driver started, so two calls that must agree under dropout (an
-invariant) draw the same masks; head and base never need the same masks
-(dropout outputs are not compared across implementations).
+Before each call the global torch generator is seeded from the secret
+seed, the stage and the call's ``rng`` tag (by default one tag for the whole
+stage): a random-looking 63-bit ``torch.initial_seed()`` as in a user's fresh
+process, unknown to the code under test, the same on the head's and the
+base's side. Two calls that must agree under dropout (an invariant) draw the
+same masks; how far a call moved the generator is reported and compared with
+the base's (``_oracle_aftermath``; dropout outputs themselves are not
+compared across implementations).
 """
 
 from __future__ import annotations
@@ -103,10 +104,10 @@ class Oracle:
         self._watch = dict(watch)  # runtime rule id -> also record casts
         self._index = 0
         self._name = ""
-        self._rng0 = torch.get_rng_state()  # unseeded, as torch left it
         self.labels: dict[str, str] = {}  # profiler label -> call name, watched calls only
         self.profiler: Any = None  # the worker's profiler session, when calls are watched
         self.capture: Any = None  # a capture run: _oracle_capture.capture, sent before each call
+        self.after: Any = None  # the worker's _oracle_aftermath.Aftermath, if any
 
     # --- draws ---------------------------------------------------------------
     def rng(self, tag: str) -> random.Random:
@@ -191,6 +192,7 @@ class Oracle:
         desc: str,
         stages: int,
         reduction: int,
+        rng: str = "",
         rules: Sequence[str] = (),
         relations: Sequence[Mapping[str, Any]] = (),
         compare: Sequence[str] | None = None,
@@ -198,6 +200,10 @@ class Oracle:
         axes: Sequence[str] = (),
     ) -> None:
         """Run ``fn()`` and send what it returned (or the exception it raised).
+
+        The global generator starts from a state keyed by ``rng`` (default: the
+        stage's one tag, so every call draws the same dropout masks). With
+        ``self.after`` set, what the call left behind goes along (``after``).
 
         ``name`` is unique within the stage; ``desc`` says what the inputs were
         (shown in a verdict); ``stages`` and ``reduction`` size the dtype-derived
@@ -218,7 +224,7 @@ class Oracle:
         self._name = name
         if self.capture is not None:
             self.capture(self._frames, _encode, self.stage, name, fn)
-        torch.set_rng_state(self._rng0)  # the same dropout draws for every call
+        torch.default_generator.manual_seed(_key(self.seed, self.stage, "global", rng))
         header: dict[str, Any] = {
             "kind": "call",
             "stage": self.stage,
@@ -236,13 +242,17 @@ class Oracle:
         casts: list[str] = []
         tensors: dict[str, torch.Tensor] = {}
         plain: dict[str, Any] = {}
+        probe = self.after.begin(name, fn) if self.after is not None else None
         try:
-            with self._watched(sorted(set(rules) & set(self._watch)), casts):
+            counting = probe.counting() if probe is not None else contextlib.nullcontext()
+            with self._watched(sorted(set(rules) & set(self._watch)), casts), counting:
                 value = fn()
             _flatten(value, "", tensors, plain)
         except Exception as err:  # the exception is the call's answer
             header["error"] = type(err).__name__
             header["message"] = str(err)[:300]
+        if probe is not None:
+            header["after"] = self.after.end(name, probe, tensors)
         header["casts"] = casts
         header["values"] = plain
         specs, blobs = [], []
@@ -252,6 +262,17 @@ class Oracle:
             blobs.append(blob)
         header["tensors"] = specs
         self._frames.write(header, blobs)
+
+    def held(self, name: str, *objects: Any, desc: str) -> None:
+        """Report the bytes of storage ``objects`` keep alive (modules, caches) as ``name``.
+
+        Compared with the base's figure for the same name (``oracle.memory``).
+        """
+        if self.after is None or not self._run(name):
+            return
+        size = self.after.held(*objects)
+        self._frames.write({"kind": "held", "stage": self.stage, "call": name, "desc": desc,
+                            "bytes": size})  # fmt: skip
 
     @contextlib.contextmanager
     def _watched(self, rules: list[str], casts: list[str]) -> Iterator[None]:

@@ -13,7 +13,8 @@ stdin carries one JSON request, read whole before any stage code runs:
 [{"stage", "file", "function", "watch": {rule: casts}, "only" | "skip": [...],
 "capture"?}]}`` (``capture``: send each call's recipe first, ``_oracle_capture``).
 Answers go to file descriptor ``fd`` (a pipe the stage code has no name for)
-as frames (see ``_oracle_kit.Frames``): one per call, one ``ops`` frame per
+as frames (see ``_oracle_kit.Frames``): one per call (with what it left behind,
+``_oracle_aftermath``), one ``held`` frame per ``Oracle.held``, one ``ops`` frame per
 stage whose calls were watched, ``driver-error`` or ``fatal`` frames, and a
 final ``done``. This process decides nothing.
 """
@@ -30,9 +31,12 @@ import importlib.util  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import traceback  # noqa: E402
+from functools import partial  # noqa: E402
 from pathlib import Path  # noqa: E402
 from types import ModuleType  # noqa: E402
 from typing import Any  # noqa: E402
+
+COUNT_EVERY = 4  # one call in this many (keyed by the seed) has its FLOPs and ops counted
 
 
 def _isolate(roots: list[str], names: list[str]) -> None:
@@ -97,6 +101,7 @@ def main() -> None:
     out = os.fdopen(int(request["fd"]), "wb", closefd=True)
     _isolate(list(request["roots"]), list(request["names"]))
     kit = _load("_oracle_kit", str(Path(__file__).with_name("_oracle_kit.py")))
+    after = _load("_oracle_aftermath", str(Path(__file__).with_name("_oracle_aftermath.py")))
     frames = kit.Frames(out)
     try:
         for module, path in request.get("references", {}).items():
@@ -121,6 +126,7 @@ def main() -> None:
         if driver.get("capture"):  # a reproducer's run: each call's recipe before its answer
             cap = _load("_oracle_capture", str(Path(__file__).with_name("_oracle_capture.py")))
             oracle.capture = cap.capture
+        oracle.after = after.Aftermath(partial(_counted, kit, int(request["seed"]), stage))
         try:
             fn = getattr(_load(f"_oracle_driver_{stage}", driver["file"]), driver["function"])
             if watch:
@@ -136,6 +142,11 @@ def main() -> None:
             frames.write({"kind": "driver-error", "stage": stage, "error": _why(err)})
     frames.write({"kind": "done"})
     out.close()
+
+
+def _counted(kit: Any, seed: int, stage: str, call: str) -> bool:
+    """Whether a call's cost is counted: a share keyed by the secret seed."""
+    return bool(kit._key(seed, stage, "cost", call) % COUNT_EVERY == 0)
 
 
 def _why(err: BaseException) -> str:

@@ -39,7 +39,7 @@ MAX_HEADER = 1 << 25  # an ops frame lists the ops of every watched call
 MAX_TOTAL = 1 << 30  # bytes of tensors one worker may send
 WIRE = {"float64": 8, "float32": 4, "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1}
 DTYPES = frozenset({*WIRE, "bfloat16", "float16", "bool"})
-KINDS = frozenset({"call", "ops", "driver-error", "fatal", "done"})
+KINDS = frozenset({"call", "held", "ops", "driver-error", "fatal", "done"})
 
 
 class Unreadable(ValueError):
@@ -73,6 +73,15 @@ class Call:
     casts: tuple[str, ...]
     outputs: dict[str, Output]
     axes: tuple[str, ...] = ()  # the spec's domain axes the driver says this call sweeps
+    after: Mapping[str, Any] | None = None  # what it left behind (``_oracle_aftermath``)
+
+
+@dataclass(frozen=True)
+class Held:
+    """Bytes of storage a driver's objects held after its calls (``Oracle.held``)."""
+
+    desc: str
+    bytes: int
 
 
 @dataclass
@@ -82,6 +91,7 @@ class Stream:
     label: str
     calls: dict[tuple[str, str], Call] = field(default_factory=dict)
     ops: dict[str, dict[str, tuple[str, ...]]] = field(default_factory=dict)
+    held: dict[tuple[str, str], Held] = field(default_factory=dict)
     driver_errors: dict[str, str] = field(default_factory=dict)
     fatal: str | None = None
     problem: str | None = None
@@ -160,7 +170,7 @@ def _call(head: dict[str, Any], outputs: dict[str, Output]) -> Call:
         head.get("relations", []),
         head.get("casts", []),
     )
-    values, compare = head.get("values", {}), head.get("compare")
+    values, compare, after = head.get("values", {}), head.get("compare"), head.get("after")
     if not (
         compare is None or (isinstance(compare, list) and all(isinstance(k, str) for k in compare))
     ):
@@ -171,6 +181,7 @@ def _call(head: dict[str, Any], outputs: dict[str, Output]) -> Call:
         and isinstance(casts, list)
         and isinstance(values, dict)
         and (error is None or isinstance(error, str))
+        and (after is None or isinstance(after, dict))
     ):
         raise Unreadable("expected rules, relations, casts and values of a call")
     return Call(
@@ -189,6 +200,7 @@ def _call(head: dict[str, Any], outputs: dict[str, Output]) -> Call:
         casts=tuple(_str(c, "a cast") for c in casts),
         outputs=outputs,
         axes=tuple(_str(a, "an axis") for a in _list(head.get("axes", []), "axes")),
+        after=after,
     )
 
 
@@ -223,6 +235,11 @@ def read_stream(pipe: BinaryIO, stream: Stream) -> bool:
             stream.fatal = _str(head.get("error"), "error")
         elif kind == "driver-error":
             stream.driver_errors[_str(head.get("stage"), "stage")] = _str(head.get("error"), "e")
+        elif kind == "held":
+            key = (_str(head.get("stage"), "stage"), _str(head.get("call"), "call"))
+            if key in stream.held:
+                raise Unreadable(f"the held figure {key[0]}/{key[1]} twice")
+            stream.held[key] = Held(_str(head.get("desc"), "desc"), _int(head.get("bytes"), "b"))
         elif kind == "ops":
             ops = head.get("ops")
             if not isinstance(ops, dict):

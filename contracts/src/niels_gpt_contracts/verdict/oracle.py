@@ -33,7 +33,7 @@ from niels_gpt_contracts.sandbox import oracle_run, workspace
 from niels_gpt_contracts.sandbox.environment import Sandbox
 from niels_gpt_contracts.sandbox.oracle_run import Job, Stream
 from niels_gpt_contracts.spec import Spec
-from niels_gpt_contracts.verdict import explain, plan, repro
+from niels_gpt_contracts.verdict import explain, oracle_aftermath, plan, repro
 from niels_gpt_contracts.verdict.oracle_compare import Judge
 
 CHECK = "oracle:cpu"
@@ -242,6 +242,7 @@ def _decide(
         if spec in based:
             j.stage(spec, head, base, exact=False, what="differs from the base's")
             j.runtime(spec, head, base)
+            oracle_aftermath.stage(j, spec, head, base)
         if spec in refs:
             j.stage(spec, head, ref, exact=True, what="differs from the float64 reference's")
             j.runtime(spec, head, ref)

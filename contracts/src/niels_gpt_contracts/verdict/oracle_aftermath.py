@@ -1,0 +1,140 @@
+"""What the PR's calls left behind and cost, against the base's same calls (trusted side).
+
+The workers report, with each call, what it left behind and what it cost
+(``sandbox/_oracle_aftermath.py``), and for each ``Oracle.held`` the bytes of
+storage a driver's objects keep alive. The base's figures are the standard
+(never the float64 reference's, another implementation). Violations:
+
+- ``oracle.side-effect``: the call changed an input tensor in place, or an
+  output of one of the two previous calls, that the base leaves unchanged;
+  or it left the global state (grad or inference mode, default dtype, thread
+  count, deterministic algorithms, CPU autocast, the global CPU generator)
+  otherwise than the base's call does; or the PR's worker did not report;
+- ``oracle.memory``: a held figure over ``MEMORY_RATIO`` times the base's;
+- ``oracle.cost``: FLOPs or dispatched ATen ops over ``COST_RATIO`` times
+  the base's, plus a small absolute slack for tiny calls.
+
+The PR's reports are untrusted: anything malformed is a violation.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+
+from niels_gpt_contracts.sandbox.oracle_run import Stream
+from niels_gpt_contracts.spec import Spec
+from niels_gpt_contracts.verdict.oracle_compare import Judge
+
+MAX_PER_RULE = 2  # violations reported per stage and rule
+COST_RATIO, OPS_SLACK, FLOPS_SLACK = 1.5, 16, 4096
+MEMORY_RATIO, MEMORY_SLACK = 1.25, 4096
+STATE = {
+    "grad": "grad mode",
+    "inference": "inference mode",
+    "dtype": "the default dtype",
+    "threads": "the thread count unchanged",
+    "deterministic": "the deterministic-algorithms flag",
+    "autocast": "CPU autocast (enabled, dtype)",
+}
+SIDE, MEMORY, COST = "oracle.side-effect", "oracle.memory", "oracle.cost"
+
+
+class Malformed(ValueError):
+    """The PR's worker sent a report that does not parse."""
+
+
+def stage(j: Judge, spec: Spec, head: Stream, base: Stream) -> None:
+    """Every call and held figure of ``spec``'s stage the base reported, against the head's."""
+    counts: Counter[str] = Counter()
+
+    def add(rule: str, message: str) -> None:
+        if counts[rule] < MAX_PER_RULE:
+            counts[rule] += 1
+            j.add(spec, rule, message)
+
+    for (st, name), want in base.calls.items():
+        got = head.calls.get((st, name))
+        if st != spec.id or want.after is None or got is None:
+            continue  # a missing answer is oracle.differs' to report
+        try:
+            problems = compare(got.after, want.after)
+        except (Malformed, KeyError, TypeError, ValueError, AttributeError):
+            problems = [(SIDE, "the PR's worker sent a malformed report of what the call left")]
+        for rule, problem in problems:
+            add(rule, f"call {name} ({want.desc}): {problem}")
+    for (st, name), w in base.held.items():
+        if st != spec.id:
+            continue
+        g = head.held.get((st, name))
+        if g is None:
+            add(MEMORY, f"held {name} ({w.desc}): no figure on the PR's code")
+        elif g.bytes > MEMORY_RATIO * w.bytes + MEMORY_SLACK:
+            add(
+                MEMORY,
+                f"held {name} ({w.desc}): {g.bytes} bytes of storage kept alive where the "
+                f"base keeps {w.bytes} (over {MEMORY_RATIO:g}x)",
+            )
+
+
+def _names(value: Any) -> set[str]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise Malformed("expected a list of names")
+    return set(value)
+
+
+def _count(value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise Malformed("expected a count")
+    return value
+
+
+def _plain(name: str) -> str:
+    """A name from the PR's report, short and printable."""
+    return "".join(c if c.isprintable() else "?" for c in name[:80])
+
+
+def compare(got: Any, want: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(rule, text) for each way ``got`` (the PR's report) departs from ``want`` (the base's).
+
+    Raises:
+        Malformed: ``got`` does not parse.
+    """
+    if not isinstance(got, Mapping):
+        raise Malformed("no report")
+    out: list[tuple[str, str]] = []
+    g_in, w_in = got["inputs"], want["inputs"]
+    base_changed, base_checked = set(w_in["changed"]), set(w_in["checked"])
+    for name in sorted(_names(g_in["changed"]) - base_changed):
+        if name in base_checked or ":" not in name:  # module state new to the PR: its own
+            out.append(
+                (SIDE, f"changed its input {_plain(name)} in place; the base's call does not")
+            )
+    for ref in sorted(_names(got["clobbered"]) - set(want["clobbered"])):
+        why = "an output of an earlier call, which the base's call leaves as it was"
+        out.append((SIDE, f"changed {_plain(ref)}, {why}"))
+    g_state, w_state = got["state"], want["state"]
+    if not isinstance(g_state, Mapping):
+        raise Malformed("expected the state")
+    for key, label in STATE.items():
+        if g_state.get(key) != w_state.get(key):
+            g, w = repr(g_state.get(key))[:40], repr(w_state.get(key))[:40]
+            out.append((SIDE, f"left {label} at {_plain(g)} where the base's call leaves {w}"))
+    if g_state.get("rng") != w_state.get("rng"):
+        g = _plain(str(g_state.get("rng")))[:32]
+        why = f"the generator's state digest after it is {g}, on the base {w_state['rng']}"
+        out.append((SIDE, f"the call consumed the global RNG differently from the base: {why}"))
+    costs = (("ops", "dispatched ATen ops", OPS_SLACK), ("flops", "FLOPs", FLOPS_SLACK))
+    for key, what, slack in costs:
+        w_n, g_n = _count(want[key]), _count(got.get(key))
+        if w_n is None:
+            continue
+        if g_n is None:
+            raise Malformed(f"no {key} count")
+        if g_n > COST_RATIO * w_n + slack:
+            why = f"{g_n} {what} where the base's call needs {w_n} (over {COST_RATIO:g}x)"
+            out.append((COST, why))
+    return out

@@ -1,0 +1,121 @@
+"""What a call leaves behind: the worker's measurements and the trusted comparison.
+
+The worker side (``sandbox/_oracle_aftermath.py``) must see an input changed
+in place, an earlier output overwritten, the generator moved and the storage
+a module holds; the trusted side must flag a head that departs from the base
+and keep one that matches it.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import io
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import torch
+
+from niels_gpt_contracts.sandbox.oracle_run import Stream, read_stream
+from niels_gpt_contracts.verdict import oracle_aftermath
+
+SANDBOX = Path(oracle_aftermath.__file__).parents[1] / "sandbox"
+
+
+def _load(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, SANDBOX / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _run(*calls: tuple[str, Any]) -> Stream:
+    kit, after = _load("_oracle_kit"), _load("_oracle_aftermath")
+    buf = io.BytesIO()
+    o = kit.Oracle("s", 7, kit.Frames(buf), run=lambda n: True, watch={})
+    o.after = after.Aftermath(lambda n: True)
+    for name, fn in calls:
+        o.call(name, fn, desc=name, stages=1, reduction=1)
+    o.held("held", torch.nn.Linear(4, 4), desc="a linear layer")
+    kit.Frames(buf).write({"kind": "done"})
+    stream = Stream("head")
+    buf.seek(0)
+    assert read_stream(buf, stream)
+    return stream
+
+
+def _after(stream: Stream, name: str) -> Any:
+    return stream.calls[("s", name)].after
+
+
+def test_the_worker_sees_what_a_call_leaves_behind() -> None:
+    x, buf = torch.ones(2, 4), torch.zeros(3)
+
+    def scale(t: torch.Tensor) -> torch.Tensor:
+        return t.mul_(2.0)  # in place: the caller's tensor changes
+
+    def shared() -> torch.Tensor:
+        return buf.add_(1.0)  # the same storage every call
+
+    s = _run(
+        ("lin", functools.partial(torch.nn.Linear(4, 4), x)),
+        ("scale", functools.partial(scale, x)),
+        ("shared", shared),
+        ("shared2", shared),
+        ("drop", functools.partial(torch.nn.functional.dropout, x, 0.5)),
+    )
+    lin = _after(s, "lin")
+    assert lin["inputs"] == {"checked": ["arg0", "fn:bias", "fn:weight"], "changed": []}
+    assert lin["flops"] == 2 * 2 * 4 * 4 and lin["ops"] >= 1
+    assert _after(s, "scale")["inputs"]["changed"] == ["arg0"]
+    assert _after(s, "shared")["clobbered"] == []
+    assert _after(s, "shared2")["clobbered"] == ["shared/out"]
+    assert _after(s, "drop")["clobbered"] == []  # reported once, by the call that did it
+    assert _after(s, "drop")["state"]["rng"] != lin["state"]["rng"]  # dropout drew
+    assert _after(s, "scale")["state"]["rng"] == lin["state"]["rng"]  # the same start
+    assert s.held[("s", "held")].bytes == 4 * (16 + 4)
+
+
+BASE = {
+    "inputs": {"checked": ["arg0", "fn:weight"], "changed": []},
+    "clobbered": [],
+    "state": {"grad": False, "inference": False, "dtype": "torch.float32", "threads": True,
+              "deterministic": False, "autocast": [False, "torch.bfloat16"], "rng": "aa"},
+    "flops": 1000, "ops": 40,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("change", "rule", "words"),
+    [
+        ({"inputs": {"checked": ["arg0"], "changed": ["arg0"]}}, "oracle.side-effect", "arg0"),
+        ({"clobbered": ["prev/out"]}, "oracle.side-effect", "prev/out"),
+        ({"state": {**BASE["state"], "rng": "bb"}}, "oracle.side-effect", "global RNG"),  # type: ignore[dict-item]
+        ({"state": {**BASE["state"], "grad": True}}, "oracle.side-effect", "grad mode"),  # type: ignore[dict-item]
+        ({"ops": 6600}, "oracle.cost", "6600 dispatched ATen ops"),
+        ({"flops": 100000}, "oracle.cost", "100000 FLOPs"),
+    ],
+    ids=["input", "clobber", "rng", "grad", "ops", "flops"],
+)
+def test_a_head_that_departs_from_the_base_is_flagged(
+    change: dict[str, Any], rule: str, words: str
+) -> None:
+    found = oracle_aftermath.compare({**BASE, **change}, BASE)
+    assert [r for r, _ in found] == [rule] and words in found[0][1]
+
+
+def test_a_head_like_the_base_passes_and_a_malformed_one_raises() -> None:
+    assert oracle_aftermath.compare(dict(BASE), BASE) == []
+    assert oracle_aftermath.compare({**BASE, "ops": 40 * 3 // 2 + 16}, BASE) == []  # the slack
+    # a module buffer only the PR has may change (its own state), an argument may not
+    new = {"inputs": {"checked": ["arg0", "self:cache"], "changed": ["self:cache"]}}
+    assert oracle_aftermath.compare({**BASE, **new}, BASE) == []
+    with pytest.raises((oracle_aftermath.Malformed, KeyError, TypeError)):
+        oracle_aftermath.compare({**BASE, "ops": "many"}, BASE)
+    with pytest.raises(oracle_aftermath.Malformed):
+        oracle_aftermath.compare(None, BASE)
