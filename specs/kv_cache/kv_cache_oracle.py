@@ -103,6 +103,8 @@ def _chunks(o: Oracle, run: int) -> None:
             )
             spans.append((p, n))
             p += n
+        # the model and its full caches: within 1.25x of the base's (oracle.memory)
+        o.held(f"{name}/held", gpt, desc=f"{about} model and caches at p={cfg.T}")
         drop_kv_cache(gpt)
         same = [
             o.equal((f"{name}/p={p}/n={n}", "out", ()), (f"{name}/full", "out", ((1, p, p + n),)))
