@@ -390,6 +390,27 @@ RULES: dict[str, RuleDoc] = {
         "unjudged, so the spec is refused until it does.",
         'Add calls tagged axes=("<axis>",) to the stage\'s driver, or amend the spec.',
     ),
+    "oracle.side-effect": RuleDoc(
+        "A call left something behind that the base's call does not.",
+        "What a call leaves is part of its result: its inputs unchanged, the outputs of "
+        "earlier calls unchanged by later ones (no aliasing), and the global state after it "
+        "(grad and inference mode, default dtype, threads, deterministic flag, autocast, how "
+        "far the global generator moved) as the base leaves it.",
+        "Return fresh tensors, leave arguments and global state alone, draw as the base does.",
+    ),
+    "oracle.cost": RuleDoc(
+        "A call dispatches far more work than the base's.",
+        "The worker counts the ATen ops and FLOPs of calls drawn from the secret seed; more "
+        "than 1.5 times the base's (plus a small slack) refuses a slower stage without any "
+        "wall clock, so neither a busy machine nor a fast one decides it.",
+        "Count the call's ops (a TorchDispatchMode or FlopCounterMode) and remove the extra.",
+    ),
+    "oracle.memory": RuleDoc(
+        "A stage's modules or caches hold far more memory than the base's.",
+        "Drivers report the bytes of the storages a module or cache keeps alive "
+        "(o.held); more than 1.25 times the base's is refused.",
+        "Allocate what is used; keep no copies alive after the call.",
+    ),
     "oracle.error": RuleDoc(
         "The oracle could not get an answer from the PR's code.",
         "The PR's worker must import every stage of the tree and run every driver to its "
