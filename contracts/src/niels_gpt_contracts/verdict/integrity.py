@@ -32,6 +32,9 @@ SANDBOX_ONLY = (
     "zygote",
     "_oracle_kit",
     "_oracle_worker",
+    "_oracle_aftermath",  # the worker's measurements (torch)
+    "_oracle_capture",  # a reproducer's capture run (torch)
+    "_repro_script",  # never imported: its text is written beside a reproducer's data
     "pytest_plugin",
     "collection",  # the pytest plugin's helper
     "ops_plugin",  # records the ops of tests = true runtime rules in the sandbox's pytest
