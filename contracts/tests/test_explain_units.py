@@ -81,6 +81,22 @@ def test_depends_is_transitive() -> None:
     assert explain.depends(specs)["gpt"] == {"block", "attention", "core"}
 
 
+def test_depends_follows_imports_as_the_closure_does() -> None:
+    """kv_cache imports the fast path without depending on it: a fastpath PR's kv_cache
+    rows fold under fastpath, as the closure brought kv_cache in through that import."""
+
+    class S:
+        def __init__(self, *deps: str) -> None:
+            self.depends_on = deps
+
+    specs: Any = {"attention": S(), "fastpath": S("attention"), "kv_cache": S("attention")}
+    assert "fastpath" not in explain.depends(specs)["kv_cache"]
+    assert explain.depends(specs, {"kv_cache": {"fastpath"}})["kv_cache"] == {
+        "attention",
+        "fastpath",
+    }
+
+
 def test_relation_words_come_from_says_else_the_kind() -> None:
     says = _oracle_kit.Oracle.equal(("a", "out", ()), ("b", "out", ()), says="causality: x")
     assert explain.relation(says) == "causality: x"

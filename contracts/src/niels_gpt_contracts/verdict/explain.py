@@ -181,15 +181,22 @@ def summarise(
     return out
 
 
-def depends(specs: Mapping[str, Spec]) -> dict[str, set[str]]:
-    """Every stage each stage depends on, directly or through others."""
+def depends(
+    specs: Mapping[str, Spec], uses: Mapping[str, set[str]] | None = None
+) -> dict[str, set[str]]:
+    """Every stage each stage depends on or uses (its files import it: ``uses``, from
+    ``checks.importers``, the edges the PR's closure follows), directly or through others."""
     out: dict[str, set[str]] = {}
+
+    def edges(stage: str) -> list[str]:
+        declared = list(specs[stage].depends_on) if stage in specs else []
+        return sorted({*declared, *(uses or {}).get(stage, ())})
 
     def walk(stage: str, trail: tuple[str, ...] = ()) -> set[str]:
         if stage in out:
             return out[stage]
         found: set[str] = set()
-        for dep in specs[stage].depends_on if stage in specs else ():
+        for dep in edges(stage):
             if dep not in trail:
                 found |= {dep, *walk(dep, (*trail, stage))}
         out[stage] = found

@@ -157,7 +157,7 @@ def judge(
     unswept = _unswept(stages, [streams[1], ref])
     if unswept:
         raise ConfigError(f"the oracle's trusted drivers left a declared axis unswept: {unswept}")
-    depends = explain.depends(ctx.specs)
+    depends = explain.depends(ctx.specs, p.uses)
     outcome, j = _decide(stage, stages, based, refs, streams[0], streams[1], ref, seed, depends)
     picks = explain.smallest(j.failed, stage)
     if out is not None and picks:

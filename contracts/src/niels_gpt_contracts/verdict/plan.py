@@ -37,6 +37,7 @@ class Plan:
     pr_support: list[str] = field(default_factory=list)  # head files the PR tests may import
     pr_tests: list[str] = field(default_factory=list)
     own_tests_touched: bool = False  # the PR changed, added or deleted a file of its tests/
+    uses: dict[str, set[str]] = field(default_factory=dict)  # stage -> stages its files import
 
     @property
     def reference_files(self) -> list[str]:
@@ -105,7 +106,7 @@ def make_plan(
         for s in closure(touched, specs, uses)
         if s.id == stage.id or s.package.removeprefix("packages/") in present
     ]
-    plan = Plan(stage, stages)
+    plan = Plan(stage, stages, uses={k: set(v) for k, v in (uses or {}).items()})
     changed = {c.path for c in changes if c.status != "D"} - rejected
     scoped = [s.matcher for s in stage.line_scoped]
     for spec in stages:
