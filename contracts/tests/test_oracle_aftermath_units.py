@@ -78,6 +78,7 @@ def test_the_worker_sees_what_a_call_leaves_behind() -> None:
     assert _after(s, "drop")["clobbered"] == []  # reported once, by the call that did it
     assert _after(s, "drop")["state"]["rng"] != lin["state"]["rng"]  # dropout drew
     assert _after(s, "scale")["state"]["rng"] == lin["state"]["rng"]  # the same start
+    assert _after(s, "drop")["state"]["rng_moved"] and not lin["state"]["rng_moved"]
     assert s.held[("s", "held")].bytes == 4 * (16 + 4)
 
 
@@ -85,7 +86,8 @@ BASE = {
     "inputs": {"checked": ["arg0", "fn:weight"], "changed": []},
     "clobbered": [],
     "state": {"grad": False, "inference": False, "dtype": "torch.float32", "threads": True,
-              "deterministic": False, "autocast": [False, "torch.bfloat16"], "rng": "aa"},
+              "deterministic": False, "autocast": [False, "torch.bfloat16"], "rng": "aa",
+              "rng_moved": True},
     "flops": 1000, "ops": 40,
 }  # fmt: skip
 
@@ -95,7 +97,7 @@ BASE = {
     [
         ({"inputs": {"checked": ["arg0"], "changed": ["arg0"]}}, "oracle.side-effect", "arg0"),
         ({"clobbered": ["prev/out"]}, "oracle.side-effect", "prev/out"),
-        ({"state": {**BASE["state"], "rng": "bb"}}, "oracle.side-effect", "global RNG"),  # type: ignore[dict-item]
+        ({"state": {**BASE["state"], "rng_moved": False}}, "oracle.side-effect", "global RNG"),  # type: ignore[dict-item]
         ({"state": {**BASE["state"], "grad": True}}, "oracle.side-effect", "grad mode"),  # type: ignore[dict-item]
         ({"ops": 6600}, "oracle.cost", "6600 dispatched ATen ops"),
         ({"flops": 100000}, "oracle.cost", "100000 FLOPs"),
@@ -119,3 +121,10 @@ def test_a_head_like_the_base_passes_and_a_malformed_one_raises() -> None:
         oracle_aftermath.compare({**BASE, "ops": "many"}, BASE)
     with pytest.raises(oracle_aftermath.Malformed):
         oracle_aftermath.compare(None, BASE)
+
+
+def test_the_generator_moved_by_another_amount_is_not_a_side_effect() -> None:
+    """An honest re-blocking of dropout draws a seed per block: the generator ends
+    elsewhere than the base's, but both calls drew from it."""
+    moved = {**BASE, "state": {**BASE["state"], "rng": "cc"}}  # type: ignore[dict-item]
+    assert oracle_aftermath.compare(moved, BASE) == []

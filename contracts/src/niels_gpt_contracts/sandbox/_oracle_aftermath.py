@@ -119,6 +119,7 @@ class Probe:
         self.inputs = arguments(fn)
         self.before = {k: digest(t) for k, t in self.inputs.items()}
         self.threads = torch.get_num_threads()
+        self.rng = state()["rng"]  # the generator's digest as the call starts
         self.count = count
         self.flops: int | None = None
         self.ops: int | None = None
@@ -151,6 +152,13 @@ class Aftermath:
         """``held_bytes`` of ``objects``."""
         return held_bytes(*objects)
 
+    @staticmethod
+    def _state_after(probe: Probe) -> dict[str, Any]:
+        now = state()
+        now["threads"] = torch.get_num_threads() == probe.threads
+        now["rng_moved"] = now["rng"] != probe.rng  # drew from the global generator at all
+        return now
+
     def begin(self, name: str, fn: Callable[[], Any]) -> Probe:
         """Hash ``fn``'s argument tensors; call just before ``fn()``."""
         return Probe(fn, self._count(name))
@@ -178,7 +186,7 @@ class Aftermath:
             "inputs": {"checked": checked, "changed": changed},
             "clobbered": clobbered,
             "skipped": self.skipped,
-            "state": {**state(), "threads": torch.get_num_threads() == probe.threads},
+            "state": self._state_after(probe),
             "flops": probe.flops,
             "ops": probe.ops,
         }
