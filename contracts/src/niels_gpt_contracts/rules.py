@@ -394,8 +394,8 @@ RULES: dict[str, RuleDoc] = {
         "A call left something behind that the base's call does not.",
         "What a call leaves is part of its result: its inputs unchanged, the outputs of "
         "earlier calls unchanged by later ones (no aliasing), and the global state after it "
-        "(grad and inference mode, default dtype, threads, deterministic flag, autocast, how "
-        "far the global generator moved) as the base leaves it.",
+        "(grad and inference mode, default dtype, threads, deterministic flag, autocast, "
+        "whether it drew from the global generator) as the base leaves it.",
         "Return fresh tensors, leave arguments and global state alone, draw as the base does.",
     ),
     "oracle.cost": RuleDoc(

@@ -16,8 +16,8 @@ seed, the stage and the call's ``rng`` tag (by default one tag for the whole
 stage): a random-looking 63-bit ``torch.initial_seed()`` as in a user's fresh
 process, unknown to the code under test, the same on the head's and the
 base's side. Two calls that must agree under dropout (an invariant) draw the
-same masks; how far a call moved the generator is reported and compared with
-the base's (``_oracle_aftermath``; dropout outputs themselves are not
+same masks; whether a call drew from the generator is reported and compared
+with the base's (``_oracle_aftermath``; dropout outputs themselves are not
 compared across implementations).
 """
 
