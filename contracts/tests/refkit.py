@@ -1,0 +1,106 @@
+"""Run one stage's oracle driver on real code and on its float64 reference (tests only).
+
+A stage's float64 reference (``[oracle] references`` in its spec) must agree
+with the repository's own code on every call ``reference_calls`` names (the
+honest control), and must disagree with a deliberately wrong copy of the
+stage (the proof that the reference can see a bug). ``answers`` starts the
+same workers ``verdict.oracle`` starts, from this checkout's tree: one on the
+real code (optionally edited), one on the reference, same seed; ``judged``
+compares them with the verdict's own ``Judge``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from niels_gpt_contracts.result import Violation
+from niels_gpt_contracts.sandbox import oracle_run
+from niels_gpt_contracts.sandbox.environment import Sandbox
+from niels_gpt_contracts.sandbox.oracle_run import Job, Stream
+from niels_gpt_contracts.spec import Spec, load_schema, parse_specs
+from niels_gpt_contracts.verdict.oracle_compare import Judge
+
+REPO = Path(__file__).resolve().parents[2]
+
+Edit = Callable[[str], str]  # a module file's text -> the broken text
+
+
+def specs() -> dict[str, Spec]:
+    """Every spec of this checkout, parsed as the checker parses them."""
+    texts = {f"specs/{p.name}": p.read_text() for p in (REPO / "specs").glob("*.toml")}
+    return parse_specs(texts, load_schema((REPO / "specs/spec.schema.json").read_text()))
+
+
+def _code(dest: Path, edits: Mapping[str, Edit]) -> list[Path]:
+    """Copy ``packages/*/src`` under ``dest``, applying ``edits`` (repo path -> edit)."""
+    for src in sorted(REPO.glob("packages/*/src")):
+        shutil.copytree(
+            src, dest / src.relative_to(REPO), ignore=shutil.ignore_patterns("__pycache__")
+        )
+    for rel, edit in edits.items():
+        path = dest / rel
+        before = path.read_text()
+        after = edit(before)
+        assert after != before, f"the edit of {rel} changed nothing"
+        path.write_text(after)
+    return sorted(p for p in dest.glob("packages/*/src") if p.is_dir())
+
+
+def _preload(all_specs: Mapping[str, Spec]) -> list[str]:
+    return [
+        rel.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
+        for s in all_specs.values()
+        for rel in s.modules
+    ]
+
+
+def answers(
+    stage: str,
+    seed: int,
+    scratch: Path,
+    *,
+    edits: Mapping[str, Edit] | None = None,
+    timeout: float = 900.0,
+) -> tuple[Stream, Stream]:
+    """``stage``'s reference calls on the real code (``edits`` applied) and on its reference.
+
+    The real side runs only the calls ``reference_calls`` names, so the two
+    streams answer the same calls.
+    """
+    all_specs = specs()
+    spec = all_specs[stage]
+    assert spec.oracle is not None and spec.oracle.references, f"{stage} declares no reference"
+    only = list(spec.oracle.reference_calls) or ["*"]
+    names = sorted({m.split(".")[0] for s in all_specs.values() for m in _preload({s.id: s})})
+    entry = {
+        "stage": stage,
+        "file": str(REPO / spec.oracle.driver_file),
+        "function": spec.oracle.function,
+        "watch": {},
+        "only": only,
+    }
+    common = {"seed": seed, "names": names, "drivers": [entry]}
+    real = {**common, "references": {}, "preload": _preload(all_specs)}
+    refs = {m: str(REPO / f) for m, f in spec.oracle.references.items()}
+    ref = {**common, "references": refs, "preload": []}
+    box = Sandbox.prepare(sys.executable, scratch / "box", names, threads=1)
+    jobs = [
+        Job("real", _code(scratch / "real", edits or {}), real, threads=1),
+        Job("reference", _code(scratch / "ref", {}), ref, threads=1),
+    ]
+    (got, want), changed = oracle_run.run(box, jobs, timeout)
+    assert not changed, changed
+    return got, want
+
+
+def judged(stage: str, got: Stream, want: Stream) -> list[Violation]:
+    """What ``verdict.oracle`` would report of ``got`` against the reference ``want``."""
+    assert want.problem is None and want.fatal is None, want.problem or want.fatal
+    assert not want.driver_errors, want.driver_errors
+    assert want.calls, "the reference answered no call"
+    judge = Judge(stage, "oracle:cpu")
+    judge.stage(specs()[stage], got, want, exact=True, what="differs from the float64 reference's")
+    return judge.found
