@@ -595,7 +595,7 @@ def serve(session: nox.Session) -> None:
 
     The venv (``.nox/serve``) is kept between runs; this checkout's wheels are
     reinstalled every time, so it serves the code you have. Without ``--checkpoint``
-    it serves the demo model (``--demo``: trained once, about 10 minutes, then kept).
+    it serves the demo model (``--demo``: trained once, for minutes, then kept).
     """
     wheels = build_wheels(session, Path(session.create_tmp()) / "wheels")
     session.install("-c", str(CONSTRAINTS), "--find-links", str(wheels), "niels-gpt-serve")

@@ -47,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     which.add_argument(
         "--demo",
         action="store_true",
-        help="serve <runs>/demo, training it first (about 10 minutes, once) if it is not there",
+        help="serve <runs>/demo, training it first (once: minutes) if it is not there",
     )
     add("--runs", type=Path, default=Path("runs"), help="where runs are (default: %(default)s)")
     add("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")

@@ -47,7 +47,7 @@ def train_demo(runs: Path, say: Callable[[str], None]) -> Path:
 
     say(
         f"niels-serve: training the demo model first (niels-train {' '.join(DEMO_FLAGS)} "
-        f"--out {out} --resume): about 10 minutes on one CPU core, once; it is kept in "
+        f"--out {out} --resume): once, 5 to 20 minutes on one CPU core by its load; kept in "
         f"{out}, and an interrupted training resumes"
     )
     code = train_main([*DEMO_FLAGS, "--out", str(out), "--resume"])
