@@ -94,6 +94,8 @@ def test_bad_flags_and_a_bad_checkpoint_say_so(tmp_path: Path) -> None:
     assert missing.returncode == 1
     assert "--checkpoint must be a niels-train run folder" in missing.stderr
     assert "Traceback" not in missing.stderr
+    both = run_cli("--demo", "--checkpoint", str(tmp_path))
+    assert both.returncode == 2 and "not allowed with argument" in both.stderr
 
 
 def test_the_newest_run_is_chosen(tiny_run: Path, tmp_path: Path) -> None:
