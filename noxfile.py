@@ -594,10 +594,12 @@ def serve(session: nox.Session) -> None:
     then ``niels-serve`` (posargs go to it: ``nox -s serve -- --port 8000``).
 
     The venv (``.nox/serve``) is kept between runs; this checkout's wheels are
-    reinstalled every time, so it serves the code you have.
+    reinstalled every time, so it serves the code you have. Without ``--checkpoint``
+    it serves the demo model (``--demo``: trained once, for minutes, then kept).
     """
     wheels = build_wheels(session, Path(session.create_tmp()) / "wheels")
     session.install("-c", str(CONSTRAINTS), "--find-links", str(wheels), "niels-gpt-serve")
     ours = [str(w) for w in sorted(wheels.glob("*.whl")) if "contracts" not in w.name]
     session.install("--no-deps", "--force-reinstall", "--quiet", *ours)
-    session.run("niels-serve", *session.posargs)
+    named = any(arg.startswith(("--checkpoint", "--demo")) for arg in session.posargs)
+    session.run("niels-serve", *([] if named else ["--demo"]), *session.posargs)

@@ -28,6 +28,7 @@ from niels_gpt_serve.cached import CachedEngine
 from niels_gpt_serve.engine import Engine, Tokens
 from niels_gpt_serve.limits import Limits
 from niels_gpt_serve.local import ThreadServer
+from niels_gpt_serve.trained import read_training
 
 TINY_FLAGS = (
     *("--context", "64", "--width", "32", "--layers", "2", "--heads", "4"),
@@ -84,7 +85,8 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def served(tiny_run: Path) -> Served:
     run = load_run(tiny_run, device="cpu")
     assert isinstance(run.model, GPT)
-    return Served(run.model, run.config, run.arch, tiny_run.name, run.step)
+    training = read_training(tiny_run, run.step, run.meta)
+    return Served(run.model, run.config, run.arch, tiny_run.name, run.step, training)
 
 
 @pytest.fixture(scope="session")

@@ -10,9 +10,10 @@ A missing browser fails the test with the line that installs it.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -181,3 +182,117 @@ def test_a_64_bit_seed_goes_through_the_page_exactly(
     answer = httpx.post(f"{server_url}/api/generate", json=body, timeout=60).json()
     spans = driver.execute_script(READ_TOKENS)
     assert [s[1] for s in spans if s[3]] == answer["tokens"]
+
+
+def test_the_page_says_how_trained_the_model_is(
+    server_url: str, driver: webdriver.Chrome, tiny_run: Path
+) -> None:
+    """The figures come from the served run's own files, read here directly."""
+    records = [json.loads(line) for line in (tiny_run / "metrics.jsonl").read_text().splitlines()]
+    step, val = max((r["step"], r["val_loss"]) for r in records if "val_loss" in r)
+    driver.get(f"{server_url}/")
+    WebDriverWait(driver, 60).until(state_is("idle"))
+    info = driver.find_element(By.ID, "model-info").text
+    assert f" step {step} " in info and f" val loss {val:.3f} " in info
+    training = driver.find_element(By.ID, "training")
+    assert training.text.startswith(f"Trained for {step} steps (")
+    assert f"validation loss {val:.3f} nats a byte" in training.text
+    barely = val > 2.5  # the tiny test model is: the page must say so
+    assert ("This model is barely trained" in training.text) is barely
+    assert ("barely" in (training.get_attribute("class") or "").split()) is barely
+
+
+def luminance(rgb: Sequence[float]) -> float:
+    """WCAG relative luminance of an sRGB colour (0..255 channels)."""
+    lin = [c / 255 / 12.92 if c / 255 <= 0.03928 else ((c / 255 + 0.055) / 1.055) ** 2.4
+           for c in rgb]  # fmt: skip
+    return 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2]
+
+
+def on_white(css: str) -> list[float]:
+    """``rgb(...)`` or ``rgba(...)`` painted over white, as [r, g, b]."""
+    inside = [float(x) for x in css[css.index("(") + 1 : css.index(")")].split(",")]
+    a = inside[3] if len(inside) == 4 else 1.0
+    return [255 + (c - 255) * a for c in inside[:3]]
+
+
+def contrast(fg: str, bg: str) -> float:
+    lo, hi = sorted((luminance(on_white(fg)), luminance(on_white(bg))))
+    return (hi + 0.05) / (lo + 0.05)
+
+
+READ_SHADED = """
+return Array.from(document.querySelectorAll('#tokens .tok')).filter(s => s.dataset.attn)
+  .map(s => [s.classList.contains('prompt'), getComputedStyle(s).color,
+             getComputedStyle(s).backgroundColor]);
+"""
+
+READ_WIDTHS = """
+const map = document.getElementById('heatmap');
+const box = map.getBoundingClientRect();
+return [document.documentElement.scrollWidth, document.documentElement.clientWidth,
+        window.innerWidth, box.left, box.right, Number(map.dataset.cell)];
+"""
+
+
+def test_a_400_px_window_scales_the_heatmap_and_keeps_hovered_tokens_readable(
+    server_url: str, driver: webdriver.Chrome
+) -> None:
+    """At 400 px the heatmap kept its width and the page scrolled sideways; hovering
+    turned the grey prompt tokens' text unreadable. The overview line matches the head."""
+    driver.set_window_size(400, 1000)
+    try:
+        driver.get(f"{server_url}/")
+        wait = WebDriverWait(driver, 60)
+        wait.until(state_is("idle"))
+        prompt = driver.find_element(By.ID, "prompt")
+        prompt.clear()
+        prompt.send_keys(PROMPT)
+        for name, value in {**KNOBS, "max_new_tokens": "36"}.items():
+            box = driver.find_element(By.ID, name)
+            box.clear()
+            if value:
+                box.send_keys(value)
+        driver.find_element(By.ID, "generate").click()
+        wait.until(state_is("done"))
+        heatmap = driver.find_element(By.ID, "heatmap")
+        wait.until(lambda d: heatmap.get_attribute("data-t"))
+        t = len(PROMPT) + 36
+        assert len(driver.find_elements(By.CSS_SELECTOR, "#heatmap .cell")) == t * t
+        scroll, client, inner, left, right, cell = driver.execute_script(READ_WIDTHS)
+        assert inner <= 400 and scroll <= client, (scroll, client)  # no sideways scroll
+        assert left >= 0 and right <= client and cell >= 1, (left, right, client, cell)
+
+        # The overview line: this head's shares, from the same matrix the API gives.
+        tokens = [int(s.get_attribute("data-token")) for s in
+                  driver.find_elements(By.CSS_SELECTOR, "#tokens .tok")]  # fmt: skip
+        got = httpx.post(f"{server_url}/api/attention", json={"tokens": tokens, "layer": 0,
+                         "head": 0}, timeout=60).json()  # fmt: skip
+        m = got["attention"][0][0]
+        rows = range(1, t)
+        want = {
+            "prev": sum(m[q][q - 1] for q in rows) / (t - 1),
+            "self": sum(m[q][q] for q in rows) / (t - 1),
+            "first": sum(m[q][0] for q in rows) / (t - 1),
+            "distance": sum(m[q][k] * (q - k) for q in rows for k in range(q + 1)) / (t - 1),
+        }
+        overview = driver.find_element(By.ID, "overview")
+        for name, value in want.items():
+            # the same float64 sums in the same order: equal, not close
+            assert float(overview.get_attribute(f"data-{name}") or "nan") == value, name
+        assert overview.text.startswith("Layer 0, head 0, averaged over rows 1 to ")
+        assert (
+            f"{round(100 * want['prev'])}% of a token's attention goes to the token just "
+            "before it" in overview.text
+        )
+
+        # Hover the last token: every token is shaded; each must stay readable (WCAG AA 4.5:1).
+        last = driver.find_elements(By.CSS_SELECTOR, "#tokens .tok")[t - 1]
+        ActionChains(driver).move_to_element(last).perform()
+        wait.until(lambda d: d.find_element(By.ID, "hover-info").text.startswith(f"#{t - 1} "))
+        shaded = driver.execute_script(READ_SHADED)
+        assert len(shaded) == t and sum(p for p, _, _ in shaded) == len(PROMPT)
+        worst = min(contrast(fg, bg) for _, fg, bg in shaded)
+        assert worst >= 4.5, [(p, fg, bg) for p, fg, bg in shaded if contrast(fg, bg) < 4.5]
+    finally:
+        driver.set_window_size(1280, 1400)

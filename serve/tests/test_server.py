@@ -22,6 +22,7 @@ from niels_gpt.model.kv_cache import generate as stage_generate
 from niels_gpt_experiments.loading import load_run
 from niels_gpt_serve.app import Served, create_app
 from niels_gpt_serve.cli import listen
+from niels_gpt_serve.demo import DEMO_FLAGS
 from niels_gpt_serve.limits import Limits
 from niels_gpt_serve.local import ThreadServer
 from niels_gpt_serve.runs import ServeError, choose_run, newest_run
@@ -93,6 +94,8 @@ def test_bad_flags_and_a_bad_checkpoint_say_so(tmp_path: Path) -> None:
     assert missing.returncode == 1
     assert "--checkpoint must be a niels-train run folder" in missing.stderr
     assert "Traceback" not in missing.stderr
+    both = run_cli("--demo", "--checkpoint", str(tmp_path))
+    assert both.returncode == 2 and "not allowed with argument" in both.stderr
 
 
 def test_the_newest_run_is_chosen(tiny_run: Path, tmp_path: Path) -> None:
@@ -112,10 +115,12 @@ def test_the_newest_run_is_chosen(tiny_run: Path, tmp_path: Path) -> None:
         choose_run(runs, runs, said.append)
 
 
-def test_with_no_run_the_quick_model_is_trained_first(
+def test_with_no_run_the_demo_model_is_trained_first_and_kept(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The --quick path as niels-serve takes it, tiny flags added (seconds, not minutes)."""
+    """The demo path as niels-serve takes it, tiny flags added (seconds, not minutes):
+    trained once with the preset's flags, then served without training again; ``--demo``
+    serves it even when another run is newer."""
     corpus = write_corpus(tmp_path / "corpus")
     asked: list[list[str]] = []
     real = niels_gpt_experiments.cli.train_main
@@ -128,10 +133,17 @@ def test_with_no_run_the_quick_model_is_trained_first(
     said: list[str] = []
     runs = tmp_path / "runs"
     run = choose_run(None, runs, said.append)
-    assert run == runs / "quick" and (run / "checkpoints" / "latest").is_file()
-    assert asked == [["--quick", "--out", str(runs / "quick"), "--resume"]]
-    assert "training the --quick model first" in said[0]
-    assert choose_run(None, runs, said.append) == run  # and next time it is the newest run
+    assert run == runs / "demo" and (run / "checkpoints" / "latest").is_file()
+    assert asked == [[*DEMO_FLAGS, "--out", str(runs / "demo"), "--resume"]]
+    assert "training the demo model first" in said[0]
+    assert choose_run(None, runs, said.append) == run  # next time it is the newest run
+    newer = runs / "newer"
+    shutil.copytree(run, newer)
+    later = time.time() + 60
+    os.utime(newer / "checkpoints" / "latest", (later, later))
+    assert choose_run(None, runs, said.append) == newer
+    assert choose_run(None, runs, said.append, demo=True) == run
+    assert len(asked) == 1  # finished: kept, never trained again
 
 
 def test_the_listening_socket_gives_connections_without_nagle_delays() -> None:

@@ -45,8 +45,10 @@ from niels_gpt_serve.schemas import (
     GenerateRequest,
     GenerateResponse,
     ModelInfo,
+    TrainingInfo,
 )
 from niels_gpt_serve.tokens import byte_label, labels
+from niels_gpt_serve.trained import Training
 
 __all__ = ["ENGINES", "Served", "create_app"]
 
@@ -58,13 +60,27 @@ _PAGE_FILES = {"index.html": "text/html", "app.js": "text/javascript", "style.cs
 
 @dataclass(frozen=True)
 class Served:
-    """The model being served and where it came from."""
+    """The model being served, where it came from and how trained it is
+    (``training`` None: nothing known beyond ``step``)."""
 
     model: GPT
     config: ModelConfig
     arch: str
     run: str
     step: int
+    training: Training | None = None
+
+
+def _training_info(served: Served) -> TrainingInfo:
+    known = served.training or Training(step=served.step)
+    return TrainingInfo(
+        steps=known.steps,
+        val_loss=known.val_loss,
+        val_step=known.val_step,
+        tokens=known.tokens,
+        barely_trained=known.barely_trained,
+        summary=known.summary(),
+    )
 
 
 def _page_files() -> dict[str, bytes]:
@@ -148,6 +164,7 @@ def create_app(
             params=sum(p.numel() for p in served.model.parameters()),
             V=cfg.V, T=cfg.T, C=cfg.C, L=cfg.L, H=cfg.H, d_ff=cfg.d_ff,
             engine=batcher.engine.name,
+            training=_training_info(served),
             max_new_tokens=min(limits.max_new_tokens, cfg.T - 1),
             max_prompt_tokens=cfg.T - 1,
             max_batch=limits.max_batch,

@@ -2,6 +2,7 @@
 
     python -m niels_gpt_serve.bench                      # both model shapes, 8 clients
     python -m niels_gpt_serve.bench --checkpoint runs/v1 --clients 8 --new-tokens 64
+    python -m niels_gpt_serve.bench --checkpoint runs/demo --engine cached --threads 1
 
 The app runs on uvicorn in a child process, on 127.0.0.1 (as ``niels-serve``
 does: the clients' own work does not share its interpreter); clients are
@@ -11,8 +12,9 @@ top-k) twice: one after another (each alone on the server) and all at once
 (batched by the server). Rounds alternate the two, and the figures are the
 medians over rounds, so load on a shared machine touches both alike. Printed:
 tokens/s of each, their ratio against the 3x target, and the time to the
-first token at 1 and at ``--clients`` clients. Never a test: figures are
-printed, not asserted.
+first token at 1 and at ``--clients`` clients: each pass's line as soon as it
+ends (with the load average), the medians after the last round. Never a
+test: figures are printed, not asserted.
 """
 
 from __future__ import annotations
@@ -169,27 +171,38 @@ def bench_model(
     limits = Limits(max_new_tokens=new_tokens, max_batch=clients)
     with _server(model, engine, limits, threads) as url:
         info = httpx.get(f"{url}/api/model").json()
+        print(f"{model}: {info['arch']} T={info['T']} C={info['C']} L={info['L']} H={info['H']} "
+              f"d_ff={info['d_ff']}, {clients} clients x {new_tokens} new tokens, "
+              f"{rounds} rounds; engine: {info['engine']}", flush=True)  # fmt: skip
         asyncio.run(_pass(url, bodies[:1], together=False))  # warm-up
-        for _ in range(rounds):
+        for i in range(rounds):
             serial.append(asyncio.run(_pass(url, bodies, together=False)))
+            _say_round(i, "1 client ", serial[-1])
             batched.append(asyncio.run(_pass(url, bodies, together=True)))
+            _say_round(i, f"{clients} clients", batched[-1])
     one = statistics.median(r.tokens_per_s for r in serial)
     many = statistics.median(r.tokens_per_s for r in batched)
     ttft_1 = statistics.median(f for r in serial for f in r.first_s) * 1e3
     ttft_n = statistics.median(f for r in batched for f in r.first_s) * 1e3
     ttft_n_max = statistics.median(max(r.first_s) for r in batched) * 1e3
     ratio = many / one
-    print(f"{model}: {info['arch']} T={info['T']} C={info['C']} L={info['L']} H={info['H']} "
-          f"d_ff={info['d_ff']}, {clients} clients x {new_tokens} new tokens, "
-          f"median of {rounds} rounds; engine: {info['engine']}")  # fmt: skip
+    print(f"  median of {rounds} rounds:", flush=True)
     print(
         f"  one by one      {one:8.0f} tokens/s   time to first token {ttft_1:7.1f} ms (1 client)"
     )
     print(f"  batched         {many:8.0f} tokens/s   time to first token {ttft_n:7.1f} ms median, "
           f"{ttft_n_max:.1f} ms slowest ({clients} clients)")  # fmt: skip
     mark = "met " if ratio >= 3 else "MISS"
-    print(f"  [{mark}] batched at {clients} clients >= 3x one by one: {ratio:.2f}x")
+    print(f"  [{mark}] batched at {clients} clients >= 3x one by one: {ratio:.2f}x", flush=True)
     return ratio
+
+
+def _say_round(i: int, who: str, run: Run) -> None:
+    """One pass's figures, printed as soon as it ends (a killed run keeps what it printed)."""
+    first = statistics.median(run.first_s) * 1e3
+    print(f"    round {i + 1}, {who}: {run.tokens_per_s:8.0f} tokens/s, time to first token "
+          f"{first:6.1f} ms median, {max(run.first_s) * 1e3:6.1f} ms slowest, "
+          f"loadavg {_loadavg()}", flush=True)  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -213,7 +226,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"niels-serve bench - {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
           f"torch {torch.__version__} ({args.threads or torch.get_num_threads()} threads), "
-          f"loadavg at start {_loadavg()}")  # fmt: skip
+          f"loadavg at start {_loadavg()}", flush=True)  # fmt: skip
     if args.checkpoint is not None:
         models = [f"run:{args.checkpoint}"]
     else:

@@ -1,6 +1,7 @@
 """``niels-serve``: serve a ``niels-train`` run as a web page and an HTTP API.
 
-    niels-serve                              # the newest run under runs/, or train --quick first
+    niels-serve                              # the newest run under runs/, or the demo model
+    niels-serve --demo                       # runs/demo, trained first (once) if not there
     niels-serve --checkpoint runs/v1         # that run's newest checkpoint
     niels-serve --port 8000 --host 127.0.0.1
 
@@ -39,7 +40,15 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add = parser.add_argument
-    add("--checkpoint", type=Path, help="a niels-train run folder (default: the newest in --runs)")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument(
+        "--checkpoint", type=Path, help="a niels-train run folder (default: the newest in --runs)"
+    )
+    which.add_argument(
+        "--demo",
+        action="store_true",
+        help="serve <runs>/demo, training it first (once: minutes) if it is not there",
+    )
     add("--runs", type=Path, default=Path("runs"), help="where runs are (default: %(default)s)")
     add("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
     add("--port", type=int, default=8000, help="0 picks a free port (default: %(default)s)")
@@ -92,9 +101,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     from niels_gpt_experiments.loading import load_run
     from niels_gpt_serve.app import ENGINES, Served, create_app
     from niels_gpt_serve.runs import ServeError, choose_run, stderr
+    from niels_gpt_serve.trained import read_training
 
     try:
-        run_dir = choose_run(args.checkpoint, args.runs, stderr)
+        run_dir = choose_run(args.checkpoint, args.runs, stderr, demo=args.demo)
         loaded = load_run(run_dir, device=args.device)
     except (ServeError, OSError, ValueError, RuntimeError) as err:
         print(f"niels-serve: {err}", file=sys.stderr)
@@ -103,7 +113,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"niels-serve: expected a niels_gpt GPT in {run_dir}, got "
               f"{type(loaded.model).__name__}", file=sys.stderr)  # fmt: skip
         return 1
-    served = Served(loaded.model, loaded.config, loaded.arch, run_dir.name, loaded.step)
+    training = read_training(run_dir, loaded.step, loaded.meta)
+    served = Served(loaded.model, loaded.config, loaded.arch, run_dir.name, loaded.step, training)
     app = create_app(served, limits, ENGINES[args.engine](loaded.model))
     try:
         sock = listen(args.host, args.port)
@@ -118,6 +129,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"step {loaded.step}",
         flush=True,
     )
+    print(f"niels-serve: {training.summary()}", flush=True)
     print(f"niels-serve: open http://{shown}:{port}/ (Ctrl+C stops)", flush=True)
     config = uvicorn.Config(
         app, log_level=args.log_level, lifespan="on", timeout_graceful_shutdown=DRAIN_S

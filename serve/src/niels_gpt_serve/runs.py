@@ -1,8 +1,9 @@
-"""Which run to serve: the one named, the newest under ``runs/``, or a fresh ``--quick`` one.
+"""Which run to serve: the one named, the demo, or the newest under ``runs/``.
 
 A run is a ``niels-train --out`` folder: ``run.json`` and
 ``checkpoints/latest`` naming its newest checkpoint. Models are loaded with
 the experiment's ``niels_gpt_experiments.loading.load_run``, never read here.
+The demo run is trained here on first use (``demo.py`` holds its preset).
 """
 
 from __future__ import annotations
@@ -11,13 +12,13 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["ServeError", "choose_run", "newest_run", "train_quick"]
+from niels_gpt_serve.demo import DEMO_FLAGS, DEMO_RUN, demo_finished
 
-QUICK_RUN = "quick"
+__all__ = ["ServeError", "choose_run", "newest_run", "train_demo"]
 
 
 class ServeError(RuntimeError):
-    """No model to serve: a bad ``--checkpoint`` or a ``--quick`` run that failed."""
+    """No model to serve: a bad ``--checkpoint`` or a demo training that failed."""
 
 
 def _latest(run_dir: Path) -> Path:
@@ -32,30 +33,37 @@ def newest_run(runs: Path) -> Path | None:
     return max(found, key=lambda run: _latest(run).stat().st_mtime_ns, default=None)
 
 
-def train_quick(runs: Path, say: Callable[[str], None]) -> Path:
-    """Train ``niels-train --quick --out runs/quick --resume`` here, with its progress bar.
+def train_demo(runs: Path, say: Callable[[str], None]) -> Path:
+    """``<runs>/demo``, trained first (``niels-train DEMO_FLAGS --out ... --resume``,
+    with its progress bar) unless its run is finished.
 
     Raises:
-        ServeError: the run failed (its own message is printed above).
+        ServeError: the training failed (its own message is printed above).
     """
+    out = runs / DEMO_RUN
+    if demo_finished(out):
+        return out
     from niels_gpt_experiments.cli import train_main  # torch and the corpus load only now
 
-    out = runs / QUICK_RUN
     say(
-        f"niels-serve: no run under {runs}/ yet, so training the --quick model first "
-        f"(niels-train --quick --out {out}); a minute or two the first time"
+        f"niels-serve: training the demo model first (niels-train {' '.join(DEMO_FLAGS)} "
+        f"--out {out} --resume): once, 5 to 20 minutes on one CPU core by its load; kept in "
+        f"{out}, and an interrupted training resumes"
     )
-    code = train_main(["--quick", "--out", str(out), "--resume"])  # an interrupted one goes on
+    code = train_main([*DEMO_FLAGS, "--out", str(out), "--resume"])
     if code != 0 or not _latest(out).is_file():
-        raise ServeError(f"niels-train --quick --out {out} failed (exit status {code})")
+        raise ServeError(f"niels-train --out {out} (the demo model) failed (exit status {code})")
     return out
 
 
-def choose_run(checkpoint: Path | None, runs: Path, say: Callable[[str], None] = print) -> Path:
-    """The run folder to serve (see the module docstring).
+def choose_run(
+    checkpoint: Path | None, runs: Path, say: Callable[[str], None] = print, demo: bool = False
+) -> Path:
+    """The run folder to serve: ``checkpoint``; the demo when ``demo``; else the newest
+    run under ``runs``, or the demo when there is none.
 
     Raises:
-        ServeError: ``checkpoint`` is not a run folder, or the quick run failed.
+        ServeError: ``checkpoint`` is not a run folder, or the demo's training failed.
     """
     if checkpoint is not None:
         if not (checkpoint / "run.json").is_file():
@@ -64,11 +72,11 @@ def choose_run(checkpoint: Path | None, runs: Path, say: Callable[[str], None] =
                 f"checkpoints/), got {str(checkpoint)!r}"
             )
         return checkpoint
-    found = newest_run(runs)
+    found = None if demo else newest_run(runs)
     if found is not None:
         say(f"niels-serve: serving the newest run under {runs}/: {found}")
         return found
-    return train_quick(runs, say)
+    return train_demo(runs, say)
 
 
 def stderr(text: str) -> None:

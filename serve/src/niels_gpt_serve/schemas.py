@@ -21,6 +21,7 @@ __all__ = [
     "GenerateResponse",
     "ModelInfo",
     "TokenEvent",
+    "TrainingInfo",
 ]
 
 MAX_SEED = 2**63 - 1
@@ -161,8 +162,21 @@ class AttentionResponse(BaseModel):
     attention: list[list[list[list[float]]]]
 
 
+class TrainingInfo(BaseModel):
+    """How trained the served checkpoint is, as its run folder records it (``trained.py``)."""
+
+    steps: int | None = Field(description="The steps its run planned (run.json), if known.")
+    val_loss: float | None = Field(
+        description="Validation loss in nats a byte (metrics.jsonl), if measured."
+    )
+    val_step: int | None = Field(description="The step val_loss was measured at.")
+    tokens: int | None = Field(description="Training tokens seen by the served step, if known.")
+    barely_trained: bool = Field(description="No val_loss, or one above the page's threshold.")
+    summary: str = Field(description="One sentence for the page saying all of the above.")
+
+
 class ModelInfo(BaseModel):
-    """What is being served, and the limits of a request."""
+    """What is being served, how trained it is, and the limits of a request."""
 
     arch: str
     run: str
@@ -175,6 +189,7 @@ class ModelInfo(BaseModel):
     H: int
     d_ff: int
     engine: str
+    training: TrainingInfo
     max_new_tokens: int = Field(description="The server's cap on max_new_tokens.")
     max_prompt_tokens: int
     max_batch: int

@@ -4,6 +4,11 @@
 
 const $ = (id) => document.getElementById(id);
 const ACCENT = "37, 99, 235";
+// A hovered token's shade: at most this alpha of the accent, so the page's ink on it keeps a
+// contrast of 6:1 or more (grey prompt text on a full shade had 1.2:1 and could not be read).
+const TOKEN_SHADE_MAX = 0.6;
+const INK = "#1f2328"; // --ink
+const MAX_CELL_PX = 18;
 const KNOBS = ["max_new_tokens", "temperature", "top_k", "top_p", "seed", "eos"];
 
 const state = {
@@ -200,9 +205,16 @@ function renderHeatmap() {
   map.replaceChildren();
   if (!matrix) return;
   const t = matrix.length;
-  const size = Math.max(6, Math.min(18, Math.floor(720 / t)));
-  map.style.gridTemplateColumns = `3.5em repeat(${t}, ${size}px)`;
+  // Fit the box's width (a phone's too): cells shrink to 1 px, gaps go below 6 px.
+  const labelPx = 36;
+  const room = Math.max(0, $("heatmap-box").clientWidth - labelPx - 8);
+  const fit = Math.floor(room / t);
+  const gap = fit >= 7 ? 1 : 0;
+  const size = Math.max(1, Math.min(MAX_CELL_PX, fit - gap));
+  map.style.gap = `${gap}px`;
+  map.style.gridTemplateColumns = `${labelPx}px repeat(${t}, ${size}px)`;
   map.style.gridAutoRows = `${size}px`;
+  map.dataset.cell = String(size);
   map.dataset.layer = $("layer").value;
   map.dataset.head = $("head").value;
   map.dataset.t = String(t);
@@ -216,7 +228,7 @@ function renderHeatmap() {
   for (let q = 0; q < t; q++) {
     const label = document.createElement("div");
     label.className = "label";
-    label.textContent = shown(q);
+    label.textContent = size >= 8 ? shown(q) : "";
     map.appendChild(label);
     const top = rowMax(matrix[q]);
     for (let k = 0; k < t; k++) {
@@ -236,6 +248,35 @@ function renderHeatmap() {
       map.appendChild(cell);
     }
   }
+  showOverview(matrix);
+}
+
+// One line on what the chosen head does, averaged over every row but the first (which can
+// only attend to itself): the share of attention on the token before, on itself, on the
+// first token, and how far back it looks on average.
+function showOverview(matrix) {
+  const t = matrix.length;
+  const box = $("overview");
+  if (t < 2) {
+    box.textContent = "";
+    return;
+  }
+  let prev = 0, self = 0, first = 0, distance = 0;
+  for (let q = 1; q < t; q++) {
+    prev += matrix[q][q - 1];
+    self += matrix[q][q];
+    first += matrix[q][0];
+    for (let k = 0; k <= q; k++) distance += matrix[q][k] * (q - k);
+  }
+  const rows = t - 1;
+  const figures = { prev: prev / rows, self: self / rows, first: first / rows, distance: distance / rows };
+  for (const [name, value] of Object.entries(figures)) box.dataset[name] = String(value);
+  const pct = (v) => `${Math.round(100 * v)}%`;
+  box.textContent =
+    `Layer ${$("layer").value}, head ${$("head").value}, averaged over rows 1 to ${t - 1}: ` +
+    `${pct(figures.prev)} of a token's attention goes to the token just before it, ` +
+    `${pct(figures.self)} to itself, ${pct(figures.first)} to the first token; ` +
+    `it looks back ${figures.distance.toFixed(1)} tokens on average.`;
 }
 
 function showWhereAttends(q) {
@@ -247,8 +288,10 @@ function showWhereAttends(q) {
   const top = rowMax(row);
   spans[q].classList.add("query");
   for (let k = 0; k <= q; k++) {
+    const alpha = (TOKEN_SHADE_MAX * row[k]) / top;
     spans[k].dataset.attn = String(row[k]);
-    spans[k].style.backgroundColor = `rgba(${ACCENT}, ${(row[k] / top).toFixed(4)})`;
+    spans[k].style.backgroundColor = `rgba(${ACCENT}, ${alpha.toFixed(4)})`;
+    spans[k].style.color = INK; // the prompt's grey on a shade is unreadable
   }
   for (const cell of $("heatmap").querySelectorAll(`.cell[data-q="${q}"]`)) {
     cell.classList.add("row-hover");
@@ -266,6 +309,7 @@ function clearHover() {
   for (const span of $("tokens").children) {
     span.classList.remove("query");
     span.style.backgroundColor = "";
+    span.style.color = "";
     delete span.dataset.attn;
   }
   for (const cell of $("heatmap").querySelectorAll(".row-hover")) cell.classList.remove("row-hover");
@@ -285,9 +329,13 @@ async function init() {
   const response = await fetch("/api/model");
   const model = await response.json();
   state.model = model;
+  const trained = model.training;
+  const loss = trained.val_loss === null ? "no val loss" : `val loss ${trained.val_loss.toFixed(3)}`;
   $("model-info").textContent =
     `${model.arch} · ${model.params.toLocaleString("en")} params · step ${model.step} · ` +
-    `T=${model.T} C=${model.C} L=${model.L} H=${model.H} · run ${model.run}`;
+    `${loss} · T=${model.T} C=${model.C} L=${model.L} H=${model.H} · run ${model.run}`;
+  $("training").textContent = trained.summary;
+  $("training").classList.toggle("barely", trained.barely_trained);
   $("max_new_tokens").max = String(model.max_new_tokens);
   options($("layer"), model.L, "layer");
   options($("head"), model.H, "head");
@@ -295,6 +343,15 @@ async function init() {
   $("head").addEventListener("change", renderHeatmap);
   $("controls").addEventListener("submit", generate);
   $("stop").addEventListener("click", () => state.abort && state.abort.abort());
+  let resizing = false;
+  window.addEventListener("resize", () => {
+    if (resizing) return;
+    resizing = true;
+    requestAnimationFrame(() => {
+      resizing = false;
+      renderHeatmap();
+    });
+  });
   setState("idle", "ready");
 }
 
