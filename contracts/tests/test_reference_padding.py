@@ -1,0 +1,82 @@
+"""padding's float64 reference agrees with main on its reference calls and sees wrong stages.
+
+Helper beyond refkit: ``_narrowed`` runs a wrong stage on only the calls that
+can show its bug, to keep the file short; the honest control runs every
+reference call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import refkit
+
+from niels_gpt_contracts.spec import Spec
+
+PADDING = "packages/padding/src/niels_gpt/model/padding/__init__.py"
+FRAME = "packages/padding/src/niels_gpt/model/_padding_frame/__init__.py"
+
+
+@contextmanager
+def _narrowed(monkeypatch: pytest.MonkeyPatch, calls: tuple[str, ...]) -> Iterator[None]:
+    """refkit sees padding's ``reference_calls`` as ``calls`` (a subset of the spec's)."""
+    real = refkit.specs
+
+    def specs() -> dict[str, Spec]:
+        found = real()
+        spec = found["padding"]
+        assert spec.oracle is not None
+        oracle = dataclasses.replace(spec.oracle, reference_calls=calls)
+        found["padding"] = dataclasses.replace(spec, oracle=oracle)
+        return found
+
+    with monkeypatch.context() as m:
+        m.setattr(refkit, "specs", specs)
+        yield
+
+
+@pytest.mark.parametrize("seed", [7, 11])
+def test_main_agrees(tmp_path: Path, seed: int) -> None:
+    got, want = refkit.answers("padding", seed, tmp_path)
+    assert refkit.judged("padding", got, want) == []
+
+
+# name: (the calls that can show it, the file, the text, the wrong text)
+WRONG = {
+    # every key is real to the attention: real queries attend to their row's pads
+    "pad-attended": (
+        "forward[1-9]*",
+        FRAME,
+        '"key_mask": cols[None, :] >= pads',
+        '"key_mask": (cols[None, :] >= pads) | (cols[None, :] >= 0)',
+    ),
+    # padded columns keep whatever the model computed there
+    "pads-not-zeroed": (
+        "forward[1-9]*",
+        PADDING,
+        "logits = out.masked_fill(~mask[:, :, None], 0.0)",
+        "logits = out",
+    ),
+    # the loss is a mean over rows, not over counted tokens
+    "loss-per-row": (
+        "loss/*",
+        PADDING,
+        "counted = attention_mask.sum().clamp(min=1)",
+        "counted = attention_mask.shape[0]",
+    ),
+}
+
+
+@pytest.mark.parametrize("wrong", sorted(WRONG))
+def test_a_wrong_stage_differs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, wrong: str) -> None:
+    calls, path, find, replace = WRONG[wrong]
+    edit = {path: lambda s: s.replace(find, replace)}
+    with _narrowed(monkeypatch, (calls,)):
+        got, want = refkit.answers("padding", 7, tmp_path, edits=edit)
+        found = refkit.judged("padding", got, want)
+    # the reference sees it (the driver's own invariants may see it too)
+    assert any(v.rule == "oracle.differs" for v in found), found
