@@ -1,0 +1,66 @@
+"""fastpath's float64 reference (the fused kernel's contract) agrees with main, sees wrong kernels.
+
+Helper beyond refkit: ``_narrowed`` runs a wrong stage on only the calls that
+can show its bug, to keep the file short; the honest control runs every
+reference call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import refkit
+
+from niels_gpt_contracts.spec import Spec
+
+KERNEL = "packages/fastpath/src/niels_gpt/model/fastpath/__init__.py"
+
+
+@contextmanager
+def _narrowed(monkeypatch: pytest.MonkeyPatch, calls: tuple[str, ...]) -> Iterator[None]:
+    """refkit sees fastpath's ``reference_calls`` as ``calls`` (a subset of the spec's)."""
+    real = refkit.specs
+
+    def specs() -> dict[str, Spec]:
+        found = real()
+        spec = found["fastpath"]
+        assert spec.oracle is not None
+        oracle = dataclasses.replace(spec.oracle, reference_calls=calls)
+        found["fastpath"] = dataclasses.replace(spec, oracle=oracle)
+        return found
+
+    with monkeypatch.context() as m:
+        m.setattr(refkit, "specs", specs)
+        yield
+
+
+@pytest.mark.parametrize("seed", [7, 11])
+def test_main_agrees(tmp_path: Path, seed: int) -> None:
+    got, want = refkit.answers("fastpath", seed, tmp_path)
+    assert refkit.judged("fastpath", got, want) == []
+
+
+# name: (the calls that can show it, the text, the wrong text), all in the kernel's file
+WRONG = {
+    # every query sees every key of an uncached call
+    "not-causal": (("fast/*",), "is_causal=True,", "is_causal=False,"),
+    # scores scaled 1% too much, cached or not
+    "scale-off": (("fast/*",), "scale=scale", "scale=1.01 * scale"),
+    # the mask of a cached chunk aligned top-left: a chunk's later queries lose cached keys
+    "cache-top-left": (("cached/f64/fast/*",), ".tril(S - T)", ".tril(0)"),
+}
+
+
+@pytest.mark.parametrize("wrong", sorted(WRONG))
+def test_a_wrong_stage_differs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, wrong: str) -> None:
+    calls, find, replace = WRONG[wrong]
+    edit = {KERNEL: lambda s: s.replace(find, replace)}
+    with _narrowed(monkeypatch, calls):
+        got, want = refkit.answers("fastpath", 7, tmp_path, edits=edit)
+        found = refkit.judged("fastpath", got, want)
+    # the reference sees it (the driver's own invariants may see it too)
+    assert any(v.rule == "oracle.differs" for v in found), found
