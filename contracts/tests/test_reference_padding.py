@@ -1,8 +1,10 @@
 """padding's float64 reference agrees with main on its reference calls and sees wrong stages.
 
-Helper beyond refkit: ``_narrowed`` runs a wrong stage on only the calls that
-can show its bug, to keep the file short; the honest control runs every
-reference call.
+Helper beyond refkit: ``_seen`` changes what refkit reads of the spec. A wrong
+stage runs only the calls that can show its bug, to keep the file short; the
+honest control runs every reference call, once with the stage's own references
+(refkit's way) and once with those of its whole dependency closure loaded, as
+the verdict's reference worker loads them (``verdict/oracle.py``).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pathlib import Path
 import pytest
 import refkit
 
+from niels_gpt_contracts.checks.modules import dependency_closure
 from niels_gpt_contracts.spec import Spec
 
 PADDING = "packages/padding/src/niels_gpt/model/padding/__init__.py"
@@ -22,15 +25,31 @@ FRAME = "packages/padding/src/niels_gpt/model/_padding_frame/__init__.py"
 
 
 @contextmanager
-def _narrowed(monkeypatch: pytest.MonkeyPatch, calls: tuple[str, ...]) -> Iterator[None]:
-    """refkit sees padding's ``reference_calls`` as ``calls`` (a subset of the spec's)."""
+def _seen(
+    monkeypatch: pytest.MonkeyPatch,
+    calls: tuple[str, ...] | None = None,
+    closure: bool = False,
+) -> Iterator[None]:
+    """refkit sees padding's ``reference_calls`` as ``calls`` (a subset of the spec's),
+    and with ``closure`` its ``references`` as those of every stage it depends on too."""
     real = refkit.specs
 
     def specs() -> dict[str, Spec]:
         found = real()
         spec = found["padding"]
         assert spec.oracle is not None
-        oracle = dataclasses.replace(spec.oracle, reference_calls=calls)
+        oracle = spec.oracle
+        if calls is not None:
+            oracle = dataclasses.replace(oracle, reference_calls=calls)
+        if closure:
+            below = dependency_closure(spec, found)
+            refs = {
+                m: f
+                for s in found.values()
+                if s.id in below and s.oracle is not None
+                for m, f in s.oracle.references.items()
+            }
+            oracle = dataclasses.replace(oracle, references=refs)
         found["padding"] = dataclasses.replace(spec, oracle=oracle)
         return found
 
@@ -39,10 +58,14 @@ def _narrowed(monkeypatch: pytest.MonkeyPatch, calls: tuple[str, ...]) -> Iterat
         yield
 
 
-@pytest.mark.parametrize("seed", [7, 11])
-def test_main_agrees(tmp_path: Path, seed: int) -> None:
-    got, want = refkit.answers("padding", seed, tmp_path)
-    assert refkit.judged("padding", got, want) == []
+@pytest.mark.parametrize(("seed", "closure"), [(7, False), (11, True)])
+def test_main_agrees(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seed: int, closure: bool
+) -> None:
+    with _seen(monkeypatch, closure=closure):
+        got, want = refkit.answers("padding", seed, tmp_path)
+        found = refkit.judged("padding", got, want)
+    assert found == []
 
 
 # name: (the calls that can show it, the file, the text, the wrong text)
@@ -75,7 +98,7 @@ WRONG = {
 def test_a_wrong_stage_differs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, wrong: str) -> None:
     calls, path, find, replace = WRONG[wrong]
     edit = {path: lambda s: s.replace(find, replace)}
-    with _narrowed(monkeypatch, (calls,)):
+    with _seen(monkeypatch, (calls,)):
         got, want = refkit.answers("padding", 7, tmp_path, edits=edit)
         found = refkit.judged("padding", got, want)
     # the reference sees it (the driver's own invariants may see it too)
