@@ -75,6 +75,12 @@ WRONG = {
     "scale-off": (("fast/*",), "scale=scale", "scale=1.01 * scale"),
     # the mask of a cached chunk aligned top-left: a chunk's later queries lose cached keys
     "cache-top-left": (("cached/f64/fast/*",), ".tril(S - T)", ".tril(0)"),
+    # the KEPT attack: aligned top-left only once the cache holds 16 or more rows
+    "cache-top-left-past-16": (
+        ("cached/f32/fast/*",),
+        ".tril(S - T)",
+        ".tril(S - T if S - T < 16 else 0)",
+    ),
 }
 
 

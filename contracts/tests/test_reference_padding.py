@@ -77,6 +77,13 @@ WRONG = {
         '"key_mask": cols[None, :] >= pads',
         '"key_mask": (cols[None, :] >= pads) | (cols[None, :] >= 0)',
     ),
+    # decode steps (a cache already filled) attend to the row's pads; prefill and forward do not
+    "pad-attended-in-decode": (
+        "generate/*",
+        FRAME,
+        '"key_mask": cols[None, :] >= pads',
+        '"key_mask": (cols[None, :] >= pads) | (p > 0)',
+    ),
     # padded columns keep whatever the model computed there
     "pads-not-zeroed": (
         "forward[1-9]*",
