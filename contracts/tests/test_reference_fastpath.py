@@ -1,0 +1,95 @@
+"""fastpath's float64 reference (the fused kernel's contract) agrees with main, sees wrong kernels.
+
+Helper beyond refkit: ``_seen`` changes what refkit reads of the spec. A wrong
+stage runs only the calls that can show its bug, to keep the file short; the
+honest control runs every reference call, once with the stage's own references
+(refkit's way) and once with those of its whole dependency closure loaded, as
+the verdict's reference worker loads them (``verdict/oracle.py``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import refkit
+
+from niels_gpt_contracts.checks.modules import dependency_closure
+from niels_gpt_contracts.spec import Spec
+
+KERNEL = "packages/fastpath/src/niels_gpt/model/fastpath/__init__.py"
+
+
+@contextmanager
+def _seen(
+    monkeypatch: pytest.MonkeyPatch,
+    calls: tuple[str, ...] | None = None,
+    closure: bool = False,
+) -> Iterator[None]:
+    """refkit sees fastpath's ``reference_calls`` as ``calls`` (a subset of the spec's),
+    and with ``closure`` its ``references`` as those of every stage it depends on too."""
+    real = refkit.specs
+
+    def specs() -> dict[str, Spec]:
+        found = real()
+        spec = found["fastpath"]
+        assert spec.oracle is not None
+        oracle = spec.oracle
+        if calls is not None:
+            oracle = dataclasses.replace(oracle, reference_calls=calls)
+        if closure:
+            below = dependency_closure(spec, found)
+            refs = {
+                m: f
+                for s in found.values()
+                if s.id in below and s.oracle is not None
+                for m, f in s.oracle.references.items()
+            }
+            oracle = dataclasses.replace(oracle, references=refs)
+        found["fastpath"] = dataclasses.replace(spec, oracle=oracle)
+        return found
+
+    with monkeypatch.context() as m:
+        m.setattr(refkit, "specs", specs)
+        yield
+
+
+@pytest.mark.parametrize(("seed", "closure"), [(7, False), (11, True)])
+def test_main_agrees(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seed: int, closure: bool
+) -> None:
+    with _seen(monkeypatch, closure=closure):
+        got, want = refkit.answers("fastpath", seed, tmp_path)
+        found = refkit.judged("fastpath", got, want)
+    assert found == []
+
+
+# name: (the calls that can show it, the text, the wrong text), all in the kernel's file
+WRONG = {
+    # every query sees every key of an uncached call
+    "not-causal": (("fast/*",), "is_causal=True,", "is_causal=False,"),
+    # scores scaled 1% too much, cached or not
+    "scale-off": (("fast/*",), "scale=scale", "scale=1.01 * scale"),
+    # the mask of a cached chunk aligned top-left: a chunk's later queries lose cached keys
+    "cache-top-left": (("cached/f64/fast/*",), ".tril(S - T)", ".tril(0)"),
+    # the issue's KEPT attack: aligned top-left only once the cache holds 16 or more rows
+    "cache-top-left-past-16": (
+        ("cached/f32/fast/*",),
+        ".tril(S - T)",
+        ".tril(S - T if S - T < 16 else 0)",
+    ),
+}
+
+
+@pytest.mark.parametrize("wrong", sorted(WRONG))
+def test_a_wrong_stage_differs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, wrong: str) -> None:
+    calls, find, replace = WRONG[wrong]
+    edit = {KERNEL: lambda s: s.replace(find, replace)}
+    with _seen(monkeypatch, calls):
+        got, want = refkit.answers("fastpath", 7, tmp_path, edits=edit)
+        found = refkit.judged("fastpath", got, want)
+    # the reference sees it (the driver's own invariants may see it too)
+    assert any(v.rule == "oracle.differs" for v in found), found

@@ -1,0 +1,112 @@
+"""padding's float64 reference agrees with main on its reference calls and sees wrong stages.
+
+Helper beyond refkit: ``_seen`` changes what refkit reads of the spec. A wrong
+stage runs only the calls that can show its bug, to keep the file short; the
+honest control runs every reference call, once with the stage's own references
+(refkit's way) and once with those of its whole dependency closure loaded, as
+the verdict's reference worker loads them (``verdict/oracle.py``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import refkit
+
+from niels_gpt_contracts.checks.modules import dependency_closure
+from niels_gpt_contracts.spec import Spec
+
+PADDING = "packages/padding/src/niels_gpt/model/padding/__init__.py"
+FRAME = "packages/padding/src/niels_gpt/model/_padding_frame/__init__.py"
+
+
+@contextmanager
+def _seen(
+    monkeypatch: pytest.MonkeyPatch,
+    calls: tuple[str, ...] | None = None,
+    closure: bool = False,
+) -> Iterator[None]:
+    """refkit sees padding's ``reference_calls`` as ``calls`` (a subset of the spec's),
+    and with ``closure`` its ``references`` as those of every stage it depends on too."""
+    real = refkit.specs
+
+    def specs() -> dict[str, Spec]:
+        found = real()
+        spec = found["padding"]
+        assert spec.oracle is not None
+        oracle = spec.oracle
+        if calls is not None:
+            oracle = dataclasses.replace(oracle, reference_calls=calls)
+        if closure:
+            below = dependency_closure(spec, found)
+            refs = {
+                m: f
+                for s in found.values()
+                if s.id in below and s.oracle is not None
+                for m, f in s.oracle.references.items()
+            }
+            oracle = dataclasses.replace(oracle, references=refs)
+        found["padding"] = dataclasses.replace(spec, oracle=oracle)
+        return found
+
+    with monkeypatch.context() as m:
+        m.setattr(refkit, "specs", specs)
+        yield
+
+
+@pytest.mark.parametrize(("seed", "closure"), [(7, False), (11, True)])
+def test_main_agrees(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seed: int, closure: bool
+) -> None:
+    with _seen(monkeypatch, closure=closure):
+        got, want = refkit.answers("padding", seed, tmp_path)
+        found = refkit.judged("padding", got, want)
+    assert found == []
+
+
+# name: (the calls that can show it, the file, the text, the wrong text)
+WRONG = {
+    # every key is real to the attention: real queries attend to their row's pads
+    "pad-attended": (
+        "forward[1-9]*",
+        FRAME,
+        '"key_mask": cols[None, :] >= pads',
+        '"key_mask": (cols[None, :] >= pads) | (cols[None, :] >= 0)',
+    ),
+    # decode steps (a cache already filled) attend to the row's pads; prefill and forward do not
+    "pad-attended-in-decode": (
+        "generate/*",
+        FRAME,
+        '"key_mask": cols[None, :] >= pads',
+        '"key_mask": (cols[None, :] >= pads) | (p > 0)',
+    ),
+    # padded columns keep whatever the model computed there
+    "pads-not-zeroed": (
+        "forward[1-9]*",
+        PADDING,
+        "logits = out.masked_fill(~mask[:, :, None], 0.0)",
+        "logits = out",
+    ),
+    # the loss is a mean over rows, not over counted tokens
+    "loss-per-row": (
+        "loss/*",
+        PADDING,
+        "counted = attention_mask.sum().clamp(min=1)",
+        "counted = attention_mask.shape[0]",
+    ),
+}
+
+
+@pytest.mark.parametrize("wrong", sorted(WRONG))
+def test_a_wrong_stage_differs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, wrong: str) -> None:
+    calls, path, find, replace = WRONG[wrong]
+    edit = {path: lambda s: s.replace(find, replace)}
+    with _seen(monkeypatch, (calls,)):
+        got, want = refkit.answers("padding", 7, tmp_path, edits=edit)
+        found = refkit.judged("padding", got, want)
+    # the reference sees it (the driver's own invariants may see it too)
+    assert any(v.rule == "oracle.differs" for v in found), found
