@@ -21,7 +21,7 @@ from niels_gpt.model.gpt import GPT
 from niels_gpt.model.kv_cache import generate as stage_generate
 from niels_gpt_experiments.loading import load_run
 from niels_gpt_serve.app import Served, create_app
-from niels_gpt_serve.cli import listen
+from niels_gpt_serve.cli import apply_quant, listen
 from niels_gpt_serve.demo import DEMO_FLAGS
 from niels_gpt_serve.limits import Limits
 from niels_gpt_serve.local import ThreadServer
@@ -195,3 +195,26 @@ def test_a_v0_run_is_served_too(tmp_path: Path) -> None:
     assert trace["attn_full"] is not None
     got = torch.tensor(maps["attention"][0], dtype=torch.float64)  # (H, t, t)
     torch.testing.assert_close(got, trace["attn_full"][0].double(), rtol=0, atol=5e-7)
+
+
+def test_quant_int8_serves_the_quantized_model(tiny_run: Path) -> None:
+    """--quant int8: the run's linear layers in int8, generation through the app as the stage's."""
+    assert "invalid choice: 'int4'" in run_cli("--quant", "int4").stderr
+    loaded = load_run(tiny_run, device="cpu")
+    float_ids = torch.tensor([list(b"def ")])
+    assert apply_quant(loaded.model, "none") == "" and not _int8_layers(loaded.model)
+    assert apply_quant(loaded.model, "int8") == ", int8 linear weights"
+    model = loaded.model
+    assert isinstance(model, GPT) and _int8_layers(model) == 5 * loaded.config.L  # 5 a block
+    assert model.lm_head.weight is model.tok_emb.weight  # the tied head stays
+    served = Served(model, loaded.config, loaded.arch, tiny_run.name, loaded.step)
+    body = {"prompt": "def ", "max_new_tokens": 12, "temperature": 0.9, "top_k": 20, "seed": 4}
+    with ThreadServer(create_app(served, ONE_SLOT)) as url, httpx.Client(base_url=url) as http:
+        answer = http.post("/api/generate", json=body).json()
+    want = stage_generate(served.model, float_ids, 12, temperature=0.9, top_k=20,
+                          generator=torch.Generator().manual_seed(4))  # fmt: skip
+    assert isinstance(want, torch.Tensor) and answer["tokens"] == want[0, 4:].tolist()
+
+
+def _int8_layers(model: torch.nn.Module) -> int:
+    return sum(type(m).__name__ == "Int8Linear" for m in model.modules())

@@ -4,6 +4,7 @@
     niels-serve --demo                       # runs/demo, trained first (once) if not there
     niels-serve --checkpoint runs/v1         # that run's newest checkpoint
     niels-serve --port 8000 --host 127.0.0.1
+    niels-serve --quant int8                 # the linear layers' weights in int8 (niels-gpt-quant)
 
 It prints the page's URL once the socket listens; Ctrl+C (or SIGTERM) stops it after
 the open requests finish, with exit status 0.
@@ -18,8 +19,12 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
-__all__ = ["build_parser", "listen", "main"]
+if TYPE_CHECKING:
+    from torch import nn
+
+__all__ = ["apply_quant", "build_parser", "listen", "main"]
 
 #: Seconds open requests get to finish after SIGINT or SIGTERM before they are cut.
 DRAIN_S = 30
@@ -59,12 +64,35 @@ def build_parser() -> argparse.ArgumentParser:
         default="cached",
         help="cached: KV caches, rows join between steps; padded: recompute (default: %(default)s)",
     )
+    add(
+        "--quant",
+        choices=("none", "int8"),
+        default="none",
+        help="int8: weight-only int8 linear layers, float head and embedding "
+        "(default: %(default)s)",
+    )
     add("--max-new-tokens", type=int, default=256, help="cap on a request's max_new_tokens")
     add("--max-batch", type=int, default=16, help="requests decoded together at most")
     add("--max-waiting", type=int, default=256, help="requests queued beyond the batch at most")
     add("--max-body-bytes", type=int, default=65_536, help="largest request body")
     add("--log-level", default="warning", help="uvicorn's log level (default: %(default)s)")
     return parser
+
+
+def apply_quant(model: nn.Module, quant: str) -> str:
+    """Quantize ``model`` in place as ``--quant`` says; the words the start line adds.
+
+    ``none`` leaves it as loaded; ``int8`` runs ``niels_gpt.model.quant.quantize_int8``
+    (every untied Linear; GPT's tied head and embedding stay float).
+    """
+    if quant == "none":
+        return ""
+    if quant != "int8":
+        raise ValueError(f"--quant must be none or int8, got {quant!r}")
+    from niels_gpt.model.quant import quantize_int8
+
+    quantize_int8(model)
+    return ", int8 linear weights"
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -114,6 +142,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"{type(loaded.model).__name__}", file=sys.stderr)  # fmt: skip
         return 1
     training = read_training(run_dir, loaded.step, loaded.meta)
+    quantized = apply_quant(loaded.model, args.quant)
     served = Served(loaded.model, loaded.config, loaded.arch, run_dir.name, loaded.step, training)
     app = create_app(served, limits, ENGINES[args.engine](loaded.model))
     try:
@@ -126,7 +155,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg = loaded.config
     print(
         f"niels-serve: {loaded.arch} (T={cfg.T} C={cfg.C} L={cfg.L} H={cfg.H}) from {run_dir}, "
-        f"step {loaded.step}",
+        f"step {loaded.step}{quantized}",
         flush=True,
     )
     print(f"niels-serve: {training.summary()}", flush=True)

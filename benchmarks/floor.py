@@ -1,0 +1,109 @@
+"""The bandwidth floor of decoding: bytes a token reads over the machine's read bandwidth.
+
+A greedy decode of one row runs one forward a token (the prefill for the
+first, then one-token steps), and each forward reads every weight once and
+the keys and values of every position it attends to. So a token costs at
+least ``bytes_per_token / read_bandwidth`` seconds, whatever the kernels.
+``benchmarks.decode`` measures that bandwidth in the same run and states each
+decoder's tokens/s as the bandwidth it implies and as a fraction of the floor.
+
+What counts as read (``weight_bytes``): every tensor of the model's
+``state_dict`` once (parameters and persistent buffers; a tied weight is one
+tensor, read once by the head, while the embedding lookup reads one row of
+it, left out), so float32 weights, or int8 codes with their scales and
+biases. Non-persistent buffers (the RoPE tables, of which a step reads one
+row) are left out. Activations are a few KB a step and left out too.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+from torch import nn
+
+from niels_gpt.config import ModelConfig
+
+MB = 1e6
+GB = 1e9
+READ_BYTES = 128 * 2**20  # the tensor summed and copied: well past any CPU cache here
+
+
+def weight_bytes(model: nn.Module) -> int:
+    """Bytes of every distinct tensor in ``model.state_dict()`` (tied ones once)."""
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    for t in model.state_dict(keep_vars=True).values():
+        key = (t.untyped_storage().data_ptr(), t.storage_offset())
+        if key in seen:
+            continue
+        seen.add(key)
+        total += t.numel() * t.element_size()
+    return total
+
+
+def cache_rows_per_token(prompt: int, new: int) -> float:
+    """Mean key/value positions a forward reads over a decode of ``new`` tokens.
+
+    The prefill reads the prompt's ``prompt`` positions; step ``i`` (1..new-1)
+    reads ``prompt + i``, its own included. Their mean over the ``new`` forwards
+    is ``prompt + (new - 1) / 2``.
+    """
+    if prompt < 1 or new < 1:
+        raise ValueError(f"prompt and new must be >= 1, got {prompt} and {new}")
+    return (prompt * new + (new - 1) * new / 2) / new
+
+
+def cache_bytes(cfg: ModelConfig, batch: int, rows: float, itemsize: int) -> float:
+    """Bytes of keys and values read at ``rows`` positions: all layers, both tensors."""
+    head_dim = cfg.C // cfg.H
+    return 2.0 * cfg.L * batch * cfg.H * head_dim * rows * itemsize
+
+
+def bytes_per_token(model: nn.Module, cfg: ModelConfig, prompt: int, new: int,
+                    itemsize: int = 4) -> float:  # fmt: skip
+    """Weights plus the mean cache bytes one forward of a batch-1 decode reads."""
+    return weight_bytes(model) + cache_bytes(cfg, 1, cache_rows_per_token(prompt, new), itemsize)
+
+
+def read_bandwidth(rounds: int = 9, nbytes: int = READ_BYTES) -> dict[str, float]:
+    """Bytes/s of the machine on ``nbytes`` of float32, medians of interleaved rounds.
+
+    ``sum``: one read pass (``x.sum()``); ``copy_``: read and write, counted as
+    ``2 * nbytes`` moved. ``read_bytes`` says how big the tensor was.
+    """
+    x = torch.ones(nbytes // 4)  # (n,) float32
+    y = torch.empty_like(x)  # (n,)
+    times: dict[str, list[float]] = {"sum": [], "copy_": []}
+    x.sum(), y.copy_(x)  # first touch: page faults out of the timing
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        x.sum()
+        times["sum"].append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        y.copy_(x)
+        times["copy_"].append(time.perf_counter() - t0)
+    return {
+        "sum": nbytes / statistics.median(times["sum"]),
+        "copy_": 2 * nbytes / statistics.median(times["copy_"]),
+        "read_bytes": float(nbytes),
+    }
+
+
+def floor_lines(per_token: dict[str, float], tps: dict[str, float],
+                bandwidth: dict[str, float]) -> list[str]:  # fmt: skip
+    """The printed section: bandwidth, then bytes, implied GB/s and fraction of the floor."""
+    read = bandwidth["sum"]
+    lines = [
+        f"  bandwidth floor: this run read {read / GB:.2f} GB/s (sum of "
+        f"{bandwidth['read_bytes'] / 2**20:.0f} MiB float32), copy_ moved "
+        f"{bandwidth['copy_'] / GB:.2f} GB/s; floor = bytes a token / {read / GB:.2f} GB/s",
+    ]
+    for name, nbytes in per_token.items():
+        implied = nbytes * tps[name]
+        lines.append(
+            f"    {name:32s}{nbytes / MB:7.1f} MB/token  {implied / GB:6.2f} GB/s  "
+            f"{implied / read:6.1%} of floor  (floor {read / nbytes:6.1f} tok/s)"
+        )
+    return lines
