@@ -12,50 +12,15 @@ file near a minute of CPU.
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pytest
 import refkit
-
-from niels_gpt_contracts.mutants.catalogue import apply, catalogue
+from refnarrow import mutant_edit, patched
 
 STAGE = "block"
 SEEDED = ("config*", "mixed/*", "mlp", "bad/*")  # every call outside domain/...
 SMALL = ("config1/*", "bad/*")  # a drawn config without dropout, in f32 and f64; bad inputs
-
-
-def mutant_edit(stage: str, mutant_id: str) -> dict[str, refkit.Edit]:
-    """``refkit.answers``' edits for the catalogued mutant ``stage.mutant_id``."""
-    (mutant,) = [m for m in catalogue(refkit.specs()[stage]) if m.id == mutant_id]
-
-    def edit(text: str) -> str:
-        applied = apply(mutant, text)
-        assert applied.source is not None, applied.stale
-        return applied.source
-
-    return {mutant.file: edit}
-
-
-def patched(
-    monkeypatch: pytest.MonkeyPatch,
-    stage: str,
-    *,
-    calls: tuple[str, ...] = ("*",),
-    driver: Path | None = None,
-) -> None:
-    """Make ``refkit`` run only ``calls`` of ``stage``'s reference calls, with ``driver``
-    (a copy of the stage's driver folder) if given: a helper of this file, refkit
-    runs the spec's driver over every reference call."""
-    full = refkit.specs()
-    spec = full[stage]
-    assert spec.oracle is not None and spec.oracle.reference_calls == ("*",)
-    oracle = dataclasses.replace(spec.oracle, reference_calls=calls)
-    if driver is not None:
-        name = Path(spec.oracle.driver_file).name
-        oracle = dataclasses.replace(oracle, driver=f"{driver / name}:{spec.oracle.function}")
-    stages = {**full, stage: dataclasses.replace(spec, oracle=oracle)}
-    monkeypatch.setattr(refkit, "specs", lambda: stages)
 
 
 def running_domain(dest: Path) -> Path:

@@ -11,22 +11,9 @@ from pathlib import Path
 
 import pytest
 import refkit
-
-from niels_gpt_contracts.mutants.catalogue import apply, catalogue
+from refnarrow import mutant_edit
 
 STAGE = "rope"
-
-
-def mutant_edit(stage: str, mutant_id: str) -> dict[str, refkit.Edit]:
-    """``refkit.answers``' edits for the catalogued mutant ``stage.mutant_id``."""
-    (mutant,) = [m for m in catalogue(refkit.specs()[stage]) if m.id == mutant_id]
-
-    def edit(text: str) -> str:
-        applied = apply(mutant, text)
-        assert applied.source is not None, applied.stale
-        return applied.source
-
-    return {mutant.file: edit}
 
 
 @pytest.mark.parametrize("seed", [7, 20261128])
