@@ -128,3 +128,35 @@ def test_the_generator_moved_by_another_amount_is_not_a_side_effect() -> None:
     elsewhere than the base's, but both calls drew from it."""
     moved = {**BASE, "state": {**BASE["state"], "rng": "cc"}}  # type: ignore[dict-item]
     assert oracle_aftermath.compare(moved, BASE) == []
+
+
+def _hvp(m: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """A Hessian-vector product through a module (the grad2 axis's kind of call)."""
+    x = x.detach().requires_grad_(True)
+    (g,) = torch.autograd.grad(m(x).pow(2).sum(), x, create_graph=True)
+    (h,) = torch.autograd.grad((g * g).sum(), x)
+    return h  # (4, 8)
+
+
+def test_a_counted_call_may_take_second_derivatives_and_its_flops_are_torchs() -> None:
+    """Counting must not change what a call does: a counted Hessian-vector product
+    through modules answers (FlopCounterMode's module tracker makes it raise), and
+    the FLOPs of a forward and backward are FlopCounterMode's own figure."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU(), torch.nn.Linear(8, 8))
+    x = torch.randn(4, 8)  # (4, 8)
+    stream = _run(("hvp", functools.partial(_hvp, m, x)))
+    call = stream.calls[("s", "hvp")]
+    assert call.error is None, call.message
+    assert _after(stream, "hvp")["flops"] > 0
+
+    def train_step() -> torch.Tensor:
+        m(x).sum().backward()
+        return x  # (4, 8)
+
+    with FlopCounterMode(display=False) as counter:
+        train_step()
+    stream = _run(("step", train_step))
+    assert _after(stream, "step")["flops"] == counter.get_total_flops()

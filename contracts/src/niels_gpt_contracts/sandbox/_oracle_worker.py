@@ -53,12 +53,18 @@ def _isolate(roots: list[str], names: list[str]) -> None:
 
 
 def _load(name: str, path: str) -> ModuleType:
+    """Execute ``path`` as module ``name`` (a reference in place of a stage's module:
+    its parent package imported first and the module set on it, as an import would)."""
+    parent, _, leaf = name.rpartition(".")
+    package = importlib.import_module(parent) if parent else None
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise ImportError(f"cannot load {path}")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)
+    if package is not None:
+        setattr(package, leaf, module)
     return module
 
 
