@@ -74,7 +74,7 @@ def _magnitude(o: Oracle) -> None:
         with torch.no_grad():
             o.call(
                 f"domain/magnitude/s={s:g}",
-                partial(block, x, return_block=True),
+                partial(block, x, return_attn=True),
                 desc=f"B=2 T=24 C=16 H=2 d_ff=40 f64 eval, inputs and weights x{s:g}",
                 stages=STAGES,
                 reduction=n,
@@ -166,7 +166,7 @@ def _history(o: Oracle) -> None:
     with torch.no_grad():
         o.call(
             f"{name}/eval",
-            partial(block, x, return_block=True),
+            partial(block, x, return_attn=True),
             desc=f"B=2 T=8 C=8 H=2 f64 eval after {TRAINING_CALLS} training calls",
             stages=STAGES,
             reduction=8,
@@ -181,7 +181,7 @@ def _history(o: Oracle) -> None:
     with torch.no_grad():
         o.call(
             "domain/history/reloaded",
-            partial(fresh, x, return_block=True),
+            partial(fresh, x, return_attn=True),
             desc="B=2 T=8 C=8 H=2 f64 eval, a fresh module loaded from a saved state_dict",
             stages=STAGES,
             reduction=8,
@@ -227,9 +227,9 @@ def _modes_layout(o: Oracle) -> None:
 
         def run(ctx: Any = ctx) -> Any:
             if ctx is None:
-                return block(x, return_block=True)
+                return block(x, return_attn=True)
             with ctx():
-                return block(x, return_block=True)
+                return block(x, return_attn=True)
 
         o.call(
             f"domain/modes/{mode}",
@@ -257,7 +257,7 @@ def _modes_layout(o: Oracle) -> None:
         for what, z in layouts.items():
             o.call(
                 f"domain/layout/{what}",
-                partial(block, z, return_block=True),
+                partial(block, z, return_attn=True),
                 desc=f"{about} eval, a {what} (non-contiguous) input",
                 stages=STAGES,
                 reduction=20,
@@ -274,7 +274,7 @@ def _dtypes_configs(o: Oracle) -> None:
         with torch.no_grad():
             o.call(
                 f"domain/dtype/{short}",
-                partial(block, x.to(dtype), return_block=True),
+                partial(block, x.to(dtype), return_attn=True),
                 desc=f"B=2 T=20 C=16 H=2 d_ff=40 {short} module eval",
                 stages=STAGES,
                 reduction=20,
@@ -285,7 +285,7 @@ def _dtypes_configs(o: Oracle) -> None:
 
     def autocast() -> Any:
         with torch.no_grad(), torch.autocast("cpu", dtype=torch.float16):
-            return block(x.float(), return_block=True)
+            return block(x.float(), return_attn=True)
 
     o.call(
         "domain/dtype/autocast-f16",
@@ -313,7 +313,7 @@ def _dtypes_configs(o: Oracle) -> None:
             block.train(mode == "train")
             o.call(
                 f"domain/config/{field}/{mode}",
-                partial(block, z, return_block=True),
+                partial(block, z, return_attn=True),
                 desc=desc + f"theta={cfg.rope_theta:g} f64 {mode}",
                 stages=STAGES,
                 reduction=max(cfg.C, z.shape[1]),
