@@ -110,6 +110,9 @@ def main() -> int:
                 if s.problem or s.fatal or s.driver_errors:
                     print(f"seed {seed:#x}: {s.label} failed: {s.problem or s.fatal}")
                     print(f"  {s.driver_errors}")
+            unswept = oracle._unswept(stages, streams[1:])
+            if unswept:
+                print(f"seed {seed:#x}: a declared axis unswept (a ConfigError): {unswept}")
             by_stage = {r.label.split(":", 1)[1]: r for r in refs}
             outcome, _ = oracle._decide(
                 stages[0].id, stages, stages, by_stage, head, base, seed, {}

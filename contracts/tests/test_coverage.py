@@ -9,6 +9,7 @@ driver leaves an axis out.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -147,3 +148,20 @@ def test_the_verdict_sees_which_axes_the_trusted_calls_carried() -> None:
     del ref.calls[("rope", f"c{spec.oracle.axes.index('errors')}")]
     base.calls[("attention", "x")] = _answer("attention", "x", ("errors",))  # another stage's
     assert _unswept([spec], [base, ref]) == "rope: errors"
+
+
+def test_an_axis_whose_every_call_raised_is_unswept_but_errors_is_swept() -> None:
+    """A raising call judges only the error contract: block 1.x's magnitude calls all
+    raised TypeError (a keyword Block does not take) and swept nothing."""
+    spec = _real()[0]["rope"]
+    assert spec.oracle is not None
+    base = Stream("base")
+    for i, axis in enumerate(spec.oracle.axes):
+        base.calls[("rope", f"c{i}")] = replace(
+            _answer("rope", f"c{i}", (axis,)), error="TypeError"
+        )
+    assert _unswept([spec], [base]) == f"rope: {spec.oracle.axes[0]}"
+    for key, call in base.calls.items():
+        if call.axes != ("errors",):
+            base.calls[key] = replace(call, error=None)
+    assert _unswept([spec], [base]) is None

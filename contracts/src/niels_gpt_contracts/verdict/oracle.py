@@ -225,12 +225,19 @@ def _unswept(stages: list[Spec], trusted: list[Stream]) -> str | None:
     """The first declared axis (``[oracle].axes``) no trusted call of its stage carried.
 
     The static check (``checks/coverage``) reads the drivers; this one sees what ran.
+    A call that raised sweeps only the ``errors`` axis: a driver whose magnitude
+    calls all raise (a keyword the API does not take, say) judges no magnitude.
     """
     for spec in stages:
         if spec.oracle is None or not spec.oracle.axes:
             continue
         carried = {
-            a for s in trusted for (st, _), c in s.calls.items() if st == spec.id for a in c.axes
+            a
+            for s in trusted
+            for (st, _), c in s.calls.items()
+            if st == spec.id
+            for a in c.axes
+            if c.error is None or a == "errors"
         }
         missing = [a for a in spec.oracle.axes if a not in carried]
         if missing:
