@@ -6,7 +6,7 @@ For each drawn seed, starts the oracle's workers the way ``verdict.oracle``
 does, all on this checkout's code: the PR's side (default thread count, as a
 user's process), the base's side (one thread) and, for every stage whose spec
 names float64 references with ``reference_calls``, a reference worker (its
-references and those of the stages it depends on). A PR that changes nothing
+own references, the other stages this checkout's code). A PR that changes nothing
 must be KEPT on every seed: each violation printed is a bound too tight for
 honest rounding, a driver that draws differently on two sides, or a
 reference that disagrees with the code. Also prints, per stage, on how many
@@ -24,7 +24,6 @@ import tempfile
 import time
 from pathlib import Path
 
-from niels_gpt_contracts.checks.modules import dependency_closure
 from niels_gpt_contracts.sandbox import oracle_run
 from niels_gpt_contracts.sandbox.environment import Sandbox
 from niels_gpt_contracts.sandbox.oracle_run import Job
@@ -69,13 +68,7 @@ def _jobs(specs: dict[str, Spec], stages: list[Spec], code: Path, seed: int) -> 
         assert spec.oracle is not None
         if not (spec.oracle.references and spec.oracle.reference_calls):
             continue
-        below = dependency_closure(spec, specs)
-        refs = {
-            m: str(ROOT / f)
-            for s in stages
-            if s.oracle and s.oracle.reference_calls and s.id in below
-            for m, f in s.oracle.references.items()
-        }
+        refs = {m: str(ROOT / f) for m, f in spec.oracle.references.items()}
         request = {
             **common,
             "preload": [],

@@ -81,7 +81,7 @@ def test_outputs_aliased_to_a_buffer_the_next_call_overwrites_are_refused(
         ATTN,
         PROJECT,
         PROJECT
-        + "        if not torch.is_grad_enabled():  # one buffer for outputs nobody differentiates\n"
+        + "        if not torch.is_grad_enabled():  # one buffer, nobody differentiates\n"
         + '            buf = getattr(self, "_y_buf", None)\n'
         + "            if buf is None or buf.shape != y.shape or buf.dtype != y.dtype:\n"
         + "                buf = self._y_buf = torch.empty_like(y)  # (B, T, C)\n"

@@ -9,16 +9,16 @@ driver drives the stage's public API in up to three workers
 - ``base``: the base's code, the same calls;
 - ``reference:<stage>``, one per stage whose spec names float64 references
   and either is new here (its first PR: every call) or lists
-  ``reference_calls``: those references loaded in place of the stage's
-  modules, with the references of the closure's stages it depends on, so a
-  stage is judged over the spec all the way down, not over the base's code
-  below it.
+  ``reference_calls``: its references loaded in place of its modules, the
+  other stages the base's code.
 
 The PR's answer to a call the reference answered must agree with the
 reference's, and with the base's too, except where the base itself differs
 from the reference: there the spec decides, not history (a PR that fixes a
 bug of the base is judged by the reference alone on those calls, and a PR
-that keeps the bug is BROKEN).
+that keeps the bug is BROKEN). A stage above the PR's is judged over the
+base's code of the PR's stage: where a fix below shows in its calls, those
+differ from its base and are BROKEN as following from the PR's stage.
 
 Inputs and weights come from a seed drawn here with ``secrets``, for this
 verdict alone (``--oracle-seed`` replays a printed one). The workers return
@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from niels_gpt_contracts.checks import pr_context
-from niels_gpt_contracts.checks.modules import dependency_closure, namespaces
+from niels_gpt_contracts.checks.modules import namespaces
 from niels_gpt_contracts.errors import ConfigError
 from niels_gpt_contracts.result import BROKEN, KEPT, NOT_RUN, Outcome, Violation
 from niels_gpt_contracts.sandbox import oracle_run, workspace
@@ -77,15 +77,17 @@ def _entry(spec: Spec, root: Path, *, watch: bool = False, **run: Sequence[str])
 
 
 def _reference_job(
-    ctx: pr_context.PrContext, spec: Spec, stages: list[Spec], based: list[Spec],
-    common: dict[str, Any], base_code: Path, root: Path,
-) -> Job:  # fmt: skip
-    """``spec``'s reference worker: its references and those of the closure's stages
-    it depends on, in place of their modules; its reference calls (every call when new)."""
-    below = dependency_closure(spec, ctx.specs)
-    loaded = [s for s in stages if s.oracle and s.oracle.references and s.id in below]
-    modules = {m: str(root / f) for s in loaded if s.oracle for m, f in s.oracle.references.items()}
+    spec: Spec, based: list[Spec], common: dict[str, Any], base_code: Path, root: Path
+) -> Job:
+    """``spec``'s reference worker: its own references in place of its modules, every
+    other stage the base's code; its reference calls (every call when it is new).
+
+    Only the stage's own: references of several stages do not all compose (the
+    backbone's float64 GPT cannot hold a float32 KV cache), and a worker that
+    fails is no verdict.
+    """
     assert spec.oracle is not None
+    modules = {m: str(root / f) for m, f in spec.oracle.references.items()}
     only = spec.oracle.reference_calls if spec in based else ("*",)
     request = {**common, "preload": [], "references": modules, "drivers": [
         _entry(spec, root, only=only)
@@ -118,7 +120,7 @@ def _jobs(
         Job("head", workspace.src_roots(code[0]), head),
         Job("base", workspace.src_roots(code[1]), base, threads=1),
     ]
-    jobs += [_reference_job(ctx, s, stages, based, common, code[1], root) for s in refs]
+    jobs += [_reference_job(s, based, common, code[1], root) for s in refs]
     return jobs
 
 
