@@ -90,6 +90,7 @@ async function generate(event) {
   state.attention.clear();
   $("tokens").replaceChildren();
   $("heatmap").replaceChildren();
+  $("heads").replaceChildren();
   const controller = new AbortController();
   state.abort = controller;
   $("generate").disabled = true;
@@ -162,6 +163,18 @@ async function onEvent(name, data) {
   }
 }
 
+// Every layer's attention at once (one request): the overview shows all of them.
+async function allAttention() {
+  const response = await fetch("/api/attention", {
+    method: "POST",
+    headers: { "Content-Type": "application/json" },
+    body: JSON.stringify({ tokens: state.tokens, layer: null }),
+  });
+  const body = await response.json();
+  if (!response.ok) throw new Error(body.detail);
+  body.layers.forEach((layer, i) => state.attention.set(layer, body.attention[i])); // [head][q][k]
+}
+
 async function layerAttention(layer) {
   if (!state.attention.has(layer)) {
     const response = await fetch("/api/attention", {
@@ -185,12 +198,14 @@ async function showAttention() {
   if (state.tokens.length === 0) return;
   const layer = Number($("layer").value);
   try {
+    if (state.attention.size === 0) await allAttention();
     await layerAttention(layer);
   } catch (err) {
     setState("error", `attention: ${err.message}`);
     return;
   }
   renderHeatmap();
+  renderHeads();
 }
 
 function rowMax(row) {
@@ -254,13 +269,8 @@ function renderHeatmap() {
 // One line on what the chosen head does, averaged over every row but the first (which can
 // only attend to itself): the share of attention on the token before, on itself, on the
 // first token, and how far back it looks on average.
-function showOverview(matrix) {
+function headFigures(matrix) {
   const t = matrix.length;
-  const box = $("overview");
-  if (t < 2) {
-    box.textContent = "";
-    return;
-  }
   let prev = 0, self = 0, first = 0, distance = 0;
   for (let q = 1; q < t; q++) {
     prev += matrix[q][q - 1];
@@ -269,14 +279,99 @@ function showOverview(matrix) {
     for (let k = 0; k <= q; k++) distance += matrix[q][k] * (q - k);
   }
   const rows = t - 1;
-  const figures = { prev: prev / rows, self: self / rows, first: first / rows, distance: distance / rows };
+  return { prev: prev / rows, self: self / rows, first: first / rows, distance: distance / rows };
+}
+
+const pct = (v) => `${Math.round(100 * v)}%`;
+
+function showOverview(matrix) {
+  const t = matrix.length;
+  const box = $("overview");
+  if (t < 2) {
+    box.textContent = "";
+    return;
+  }
+  const figures = headFigures(matrix);
   for (const [name, value] of Object.entries(figures)) box.dataset[name] = String(value);
-  const pct = (v) => `${Math.round(100 * v)}%`;
   box.textContent =
     `Layer ${$("layer").value}, head ${$("head").value}, averaged over rows 1 to ${t - 1}: ` +
     `${pct(figures.prev)} of a token's attention goes to the token just before it, ` +
     `${pct(figures.self)} to itself, ${pct(figures.first)} to the first token; ` +
     `it looks back ${figures.distance.toFixed(1)} tokens on average.`;
+}
+
+// The overview: every head of every layer as a small heatmap (a row per layer), shaded as the
+// big one (each row relative to its largest), one canvas pixel a cell. Clicking one picks it.
+const THUMB_PX = 64;
+const FUTURE_RGB = [243, 244, 246]; // .heatmap .cell.future
+
+function drawHead(canvas, matrix) {
+  const t = matrix.length;
+  canvas.width = t;
+  canvas.height = t;
+  const ctx = canvas.getContext("2d");
+  const image = ctx.createImageData(t, t);
+  const rgb = ACCENT.split(",").map(Number);
+  for (let q = 0; q < t; q++) {
+    const top = rowMax(matrix[q]);
+    for (let k = 0; k < t; k++) {
+      const at = 4 * (q * t + k);
+      const future = k > q;
+      const [r, g, b] = future ? FUTURE_RGB : rgb;
+      image.data[at] = r;
+      image.data[at + 1] = g;
+      image.data[at + 2] = b;
+      image.data[at + 3] = future ? 255 : Math.round((255 * matrix[q][k]) / top);
+    }
+  }
+  ctx.putImageData(image, 0, 0);
+}
+
+function renderHeads() {
+  const box = $("heads");
+  box.replaceChildren();
+  if (state.attention.size === 0) return;
+  const chosen = [$("layer").value, $("head").value];
+  for (const [layer, heads] of [...state.attention.entries()].sort((a, b) => a[0] - b[0])) {
+    const row = document.createElement("div");
+    row.className = "heads-row";
+    const name = document.createElement("span");
+    name.className = "heads-layer";
+    name.textContent = `layer ${layer}`;
+    row.appendChild(name);
+    heads.forEach((matrix, head) => {
+      const button = document.createElement("button");
+      button.type = "button";
+      button.className = "head";
+      button.dataset.layer = String(layer);
+      button.dataset.head = String(head);
+      const canvas = document.createElement("canvas");
+      canvas.style.width = `${THUMB_PX}px`;
+      canvas.style.height = `${THUMB_PX}px`;
+      drawHead(canvas, matrix);
+      const caption = document.createElement("span");
+      caption.textContent = `head ${head}`;
+      button.append(canvas, caption);
+      if (matrix.length > 1) {
+        const f = headFigures(matrix);
+        button.title =
+          `layer ${layer}, head ${head}: ${pct(f.prev)} to the token before, ${pct(f.self)} ` +
+          `to itself, ${pct(f.first)} to the first; looks back ${f.distance.toFixed(1)} on average`;
+      }
+      const picked = String(layer) === chosen[0] && String(head) === chosen[1];
+      button.classList.toggle("chosen", picked);
+      button.setAttribute("aria-pressed", String(picked));
+      button.addEventListener("click", () => pickHead(layer, head));
+      row.appendChild(button);
+    });
+    box.appendChild(row);
+  }
+}
+
+async function pickHead(layer, head) {
+  $("layer").value = String(layer);
+  $("head").value = String(head);
+  await showAttention();
 }
 
 function showWhereAttends(q) {
@@ -340,7 +435,10 @@ async function init() {
   options($("layer"), model.L, "layer");
   options($("head"), model.H, "head");
   $("layer").addEventListener("change", showAttention);
-  $("head").addEventListener("change", renderHeatmap);
+  $("head").addEventListener("change", () => {
+    renderHeatmap();
+    renderHeads();
+  });
   $("controls").addEventListener("submit", generate);
   $("stop").addEventListener("click", () => state.abort && state.abort.abort());
   let resizing = false;
