@@ -102,6 +102,10 @@ def test_a_reused_out_is_refused_unless_overwrite(
         (["--steps", "0"], "--steps 0: steps must be a positive int, got 0"),
         (["--device", "tpu"], "--device tpu: "),
         (["--timeout", "0"], "--timeout must be > 0 seconds, got 0.0"),
+        (
+            ["--data-dir", "/dev/null/cache"],
+            "--data-dir /dev/null/cache: /dev/null is not a folder",
+        ),
     ],
 )
 def test_input_errors_exit_2_naming_the_flag(

@@ -161,6 +161,24 @@ def test_cli_reports_a_missing_corpus_in_one_line(
     assert capsys.readouterr().err.startswith(f"niels-train: --corpus {tmp_path / 'empty'}: ")
 
 
+def test_an_out_or_data_dir_that_cannot_be_a_folder_is_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Both were a FileExistsError or NotADirectoryError traceback, exit 1."""
+    file = tmp_path / "a-file"
+    file.write_text("")
+    assert train_main(["--quick", "--device", "cpu", "--out", str(file)]) == 2
+    assert (
+        capsys.readouterr().err == f"niels-train: --out {file}: {file} exists and is not a folder\n"
+    )
+    code = train_main(["--quick", "--device", "cpu", "--data-dir", str(file / "cache"),
+                       "--out", str(tmp_path / "o")])  # fmt: skip
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err == f"niels-train: --data-dir {file / 'cache'}: {file} is not a folder\n"
+    assert not (tmp_path / "o").exists()
+
+
 def test_a_model_size_error_names_the_flags_not_the_fields(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

@@ -30,7 +30,7 @@ from typing import Any
 
 from niels_gpt_experiments.config import TrainConfig
 from niels_gpt_experiments.corpus import CorpusError, list_sources
-from niels_gpt_experiments.flags import with_flags
+from niels_gpt_experiments.flags import folder_problem, with_flags
 from niels_gpt_experiments.launch import process_context
 from niels_gpt_experiments.models import MODEL_KINDS
 from niels_gpt_experiments.report import markdown_table, plot_curves, text_table
@@ -219,6 +219,10 @@ def _check_inputs(
 ) -> None:
     """What the runs would fail on minutes later, refused now (exit 2, the flag named): an
     ``--out`` holding a study, a device this machine lacks, a corpus with nothing to read."""
+    for flag, folder in (("--out", args.out), ("--data-dir", args.data_dir)):
+        problem = None if folder is None else folder_problem(folder)
+        if problem is not None:
+            parser.error(f"{flag} {folder}: {problem}")
     earlier = study_files(args.out)
     if earlier and not args.overwrite:
         names = ", ".join(p.name for p in earlier[:4]) + (", ..." if len(earlier) > 4 else "")

@@ -22,7 +22,7 @@ from typing import Any
 from niels_gpt_experiments.checkpoint import CheckpointError
 from niels_gpt_experiments.config import QUICK, SettingsChangedError, TrainConfig
 from niels_gpt_experiments.corpus import CorpusError
-from niels_gpt_experiments.flags import TRAIN_FLAGS, with_flags
+from niels_gpt_experiments.flags import TRAIN_FLAGS, folder_problem, with_flags
 
 __all__ = ["build_parser", "config_from_args", "train_main"]
 
@@ -198,6 +198,11 @@ def train_main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, DeviceUnavailableError) as err:
         print(f"niels-train: --device {cfg.device}: {_one_line(err)}", file=sys.stderr)
         return 2
+    for flag, folder in (("--out", cfg.out_dir), ("--data-dir", cfg.data_dir)):
+        problem = None if folder is None else folder_problem(folder)
+        if problem is not None:
+            print(f"niels-train: {flag} {folder}: {problem}", file=sys.stderr)
+            return 2
     try:
         result = train(cfg)
     except RunExistsError as err:

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
+from pathlib import Path
 
-__all__ = ["TRAIN_FLAGS", "flags_named", "with_flags"]
+__all__ = ["TRAIN_FLAGS", "flags_named", "folder_problem", "with_flags"]
 
 # TrainConfig's fields (and ModelConfig's, by the names it uses in messages) -> niels-train's flag.
 TRAIN_FLAGS: dict[str, str] = {
@@ -86,3 +87,15 @@ def with_flags(
         plain = shown is None or isinstance(shown, (bool, tuple, list))
         parts.append(flag if plain else f"{flag} {shown}")
     return f"{', '.join(parts)}: {message}"
+
+
+def folder_problem(path: Path) -> str | None:
+    """Why ``path`` cannot be (or become) a folder: it, or the nearest of its parents that
+    exists, is not a folder. ``None`` when it can (permissions are left to the run)."""
+    path = path.expanduser()
+    if path.exists():
+        return None if path.is_dir() else f"{path} exists and is not a folder"
+    for parent in path.parents:
+        if parent.exists():
+            return None if parent.is_dir() else f"{parent} is not a folder"
+    return None
