@@ -97,6 +97,9 @@ def test_bad_flags_and_a_bad_checkpoint_say_so(tmp_path: Path) -> None:
     assert "Traceback" not in missing.stderr
     device = run_cli("--checkpoint", str(tmp_path / "nothing"), "--device", "tpu")
     assert device.returncode == 2 and "error: --device tpu: " in device.stderr
+    (tmp_path / "a-file").write_text("")
+    runs = run_cli("--runs", str(tmp_path / "a-file"))  # exit 1 once a demo training failed
+    assert runs.returncode == 2 and f"error: --runs {tmp_path / 'a-file'}: " in runs.stderr
     both = run_cli("--demo", "--checkpoint", str(tmp_path))
     assert both.returncode == 2 and "not allowed with argument" in both.stderr
 

@@ -97,13 +97,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not 0 <= args.port <= 65535:
         parser.error(f"--port must be in [0, 65535], got {args.port}")
-    from niels_gpt_experiments.flags import with_flags
+    from niels_gpt_experiments.flags import folder_problem, with_flags
     from niels_gpt_serve.limits import Limits
 
     try:
         limits = Limits(args.max_new_tokens, args.max_body_bytes, args.max_batch, args.max_waiting)
     except ValueError as err:
         parser.error(with_flags(str(err), _LIMIT_FLAGS, lambda f: getattr(args, f, None)))
+    if args.checkpoint is None and (problem := folder_problem(args.runs)) is not None:
+        parser.error(f"--runs {args.runs}: {problem}")
     from niels_gpt.device import DeviceUnavailableError, resolve_device  # torch loads here
 
     try:
