@@ -37,7 +37,32 @@ def load_line(load: list[float], cores: int) -> str:
     return line
 
 
+# The table's sections in order, each named by its key in ``res`` (run.collect fills them
+# in this order and prints each with ``section_lines`` as soon as it is measured).
+SECTIONS = (
+    "matmul_peak_flops",
+    "rope",
+    "rope_autocast",
+    "attention",
+    "train",
+    "compile",
+    "sweep",
+    "decode",
+    "experiments",
+)
+
+
 def table(res: dict[str, Any]) -> str:
+    """The whole table: ``header_lines``, every section present, ``closing_lines``."""
+    lines = header_lines(res)
+    for key in SECTIONS:
+        lines.extend(section_lines(res, key))
+    lines.extend(closing_lines(res))
+    return "\n".join(lines) + "\n"
+
+
+def header_lines(res: dict[str, Any]) -> list[str]:
+    """Date, machine, the load average (once the run has ended), what --quick leaves out."""
     lines = [f"niels_gpt bench - {res['date']}", f"machine: {res['machine']}"]
     load = res.get("load_average")
     if load and len(load) == 2:
@@ -52,10 +77,23 @@ def table(res: dict[str, Any]) -> str:
         " the figure least touched by other load on the machine"
     )
     lines.append("")
-    peak = res["matmul_peak_flops"]
-    lines.append(f"float32 matmul peak (measured): {peak / 1e9:.1f} GFLOP/s")
-    lines.append("")
+    return lines
 
+
+def section_lines(res: dict[str, Any], key: str) -> list[str]:
+    """One section of the table (ending with its blank line), or none if it was not run."""
+    if key not in res:
+        return []
+    return _SECTION[key](res)
+
+
+def _matmul_lines(res: dict[str, Any]) -> list[str]:
+    peak = res["matmul_peak_flops"]
+    return [f"float32 matmul peak (measured): {peak / 1e9:.1f} GFLOP/s", ""]
+
+
+def _rope_lines(res: dict[str, Any]) -> list[str]:
+    lines: list[str] = []
     r = res["rope"]
     s = r["stats"]
     lines.append(f"RoPE forward, q and k of {tuple(r['shape'])} (B, H, T, D)")
@@ -70,12 +108,15 @@ def table(res: dict[str, Any]) -> str:
                 f" (best rounds {best:.2f}x)"
             )
     lines.append("")
+    return lines
 
-    if "rope_autocast" in res:
-        lines.extend(rope_autocast.lines(res["rope_autocast"]))
-        lines.append("")
 
-    lines.append("Attention core, forward + backward (explicit = stage 000 blocked core)")
+def _rope_autocast_lines(res: dict[str, Any]) -> list[str]:
+    return [*rope_autocast.lines(res["rope_autocast"]), ""]
+
+
+def _attention_lines(res: dict[str, Any]) -> list[str]:
+    lines = ["Attention core, forward + backward (explicit = stage 000 blocked core)"]
     for a in res["attention"]:
         s = a["stats"]
         sd = s["SDPA is_causal"]["median_s"]
@@ -87,8 +128,11 @@ def table(res: dict[str, Any]) -> str:
                 f" (best rounds {_best(stat) / sd_best:.2f}x)"
             )
     lines.append("")
+    return lines
 
-    lines.append("GPT v1 training step (AdamW, dropout 0), tokens/s and peak memory")
+
+def _train_lines(res: dict[str, Any]) -> list[str]:
+    lines = ["GPT v1 training step (AdamW, dropout 0), tokens/s and peak memory"]
     for row in res["train"]:
         c = row["cfg"]
         flops = row["flops_per_step"]
@@ -121,7 +165,11 @@ def table(res: dict[str, Any]) -> str:
     lines.append("   (float32, or the faster bf16-autocast matmul or linear for the bf16 rows)")
     lines.append("   timed in the same rounds as the steps)")
     lines.append("")
+    return lines
 
+
+def _compile_lines(res: dict[str, Any]) -> list[str]:
+    lines: list[str] = []
     comp = res.get("compile")
     if comp is not None:
         if "skipped" in comp:
@@ -137,26 +185,46 @@ def table(res: dict[str, Any]) -> str:
                 f"speed-up x{speedup:.2f} (compile {comp['compile_s']:.0f} s)"
             )
         lines.append("")
+    return lines
 
+
+def _sweep_lines(res: dict[str, Any]) -> list[str]:
     sw = res["sweep"]
-    lines.append(f"tokens/s against T (small config widths, {sw['tokens_per_step']} tokens a step)")
+    lines = [f"tokens/s against T (small config widths, {sw['tokens_per_step']} tokens a step)"]
     lines.append("  " + f"{'T':>6s}" + "".join(f"{k:>12s}" for k in sw["tokens_per_s"]))
     for i, t in enumerate(sw["T"]):
         vals = "".join(f"{sw['tokens_per_s'][k][i]:12.0f}" for k in sw["tokens_per_s"])
         lines.append(f"  {t:6d}{vals}")
     lines.append("")
+    return lines
 
-    if "decode" in res:
-        lines.extend(decode.table_lines(res["decode"]))
-        lines.append("")
-    lines.extend(downstream.table_lines(res))
-    lines.append("Targets")
+
+def _decode_lines(res: dict[str, Any]) -> list[str]:
+    return [*decode.table_lines(res["decode"]), ""]
+
+
+_SECTION = {
+    "matmul_peak_flops": _matmul_lines,
+    "rope": _rope_lines,
+    "rope_autocast": _rope_autocast_lines,
+    "attention": _attention_lines,
+    "train": _train_lines,
+    "compile": _compile_lines,
+    "sweep": _sweep_lines,
+    "decode": _decode_lines,
+    "experiments": downstream.table_lines,
+}
+
+
+def closing_lines(res: dict[str, Any]) -> list[str]:
+    """The targets and the sanity check of the figures (they need every section)."""
+    lines = ["Targets"]
     for name, ok, detail in targets(res):
         lines.append(f"  [{'met ' if ok else 'MISS'}] {name}: {detail}")
     suspect = suspect_figures(res)
     lines.append("Sanity: " + ("every MFU at or below 100%" if not suspect else "SUSPECT FIGURES"))
     lines.extend(f"  [BUG?] {text}" for text in suspect)
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def mfus(res: dict[str, Any]) -> dict[str, float]:

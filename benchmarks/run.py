@@ -2,12 +2,15 @@
 
     python -m benchmarks.run [--device cpu|cuda|mps] [--quick] [--no-compile] [--write]
 
-Prints the table (stdout) and a progress line per section and step (stderr).
+Prints the table (stdout) a section at a time, each as soon as it is measured, so a
+run stopped early keeps what it measured; the load average, the wall time, the
+targets and the sanity check close it. A progress line per section and step
+goes to stderr.
 Writes nothing unless asked: ``--write`` writes ``benchmarks/results/``
 (``bench.json``, ``bench.txt``, the table, and ``tokens_per_s.png``) and puts
 the table into ``README.md`` between the ``<!-- bench:start -->`` /
 ``<!-- bench:end -->`` markers; ``--out DIR`` writes the three files to DIR
-only. ``--quick`` is a smoke run of a minute or two: the small training config
+only. ``--quick`` is a smoke run (QUICK_TAKES): the small training config
 only, one attention shape, fewer rounds, a short decode, no torch.compile.
 """
 
@@ -36,6 +39,18 @@ from niels_gpt.model.rope import apply_rope, rope_cache
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
+#: How long ``--quick`` took, measured (the README says where): printed by --help.
+QUICK_TAKES = "about 4 minutes: 3 min 54 s on the shared 2-core CPU at a load average of 5 to 6"
+
+# The sections collect() has printed to stdout in this run (main prints the rest).
+_PRINTED: list[str] = []
+
+
+def _show(res: dict[str, Any], key: str) -> None:
+    """Print section ``key`` of the table now (stdout, flushed): a killed run keeps it."""
+    lines = report.header_lines(res) if key == "header" else report.section_lines(res, key)
+    print("\n".join(lines) + "\n" if lines else "", end="", flush=True)
+    _PRINTED.append(key)
 
 
 def machine(device: torch.device) -> str:
@@ -248,27 +263,39 @@ def collect(device: torch.device, quick: bool, compile: bool) -> dict[str, Any]:
         "cores": os.cpu_count(),
     }
     t0 = time.perf_counter()
+    if quick:
+        section(f"--quick takes {QUICK_TAKES}")
+    _show(res, "header")
     section("matmul peak")
     res["matmul_peak_flops"] = matmul_peak(device, rounds, quick)
+    _show(res, "matmul_peak_flops")
     section("rope")
     res["rope"] = bench_rope(device, rounds)
+    _show(res, "rope")
     section("rope under autocast")
     res["rope_autocast"] = rope_autocast.bench(device, rounds)
+    _show(res, "rope_autocast")
     section("attention core")
     res["attention"] = bench_attention(device, rounds, quick)
+    _show(res, "attention")
     section("training steps" + (" (small config only: --quick)" if quick else ""))
     res["train"] = bench_train(device, 1 if quick else 5, quick)
+    _show(res, "train")
     if compile and not quick:
         section("torch.compile (compiling takes a minute or two on a CPU)")
         res["compile"] = bench_compile(device, 3)
     else:
         res["compile"] = {"skipped": "--quick" if quick else "--no-compile"}
+    _show(res, "compile")
     section("tokens/s sweep")
     res["sweep"] = bench_sweep(device, 1 if quick else 3, quick)
+    _show(res, "sweep")
     section("kv_cache decode: generate, recompute loop, SDPA static cache")
     res["decode"] = decode.bench(device, quick=quick, compile=compile and not quick)
+    _show(res, "decode")
     section("downstream experiment: v0/v1 steps, DDP")
     res["experiments"] = downstream.bench(device, 1 if quick else 3, quick)
+    _show(res, "experiments")
     res["targets"] = [{"target": n, "met": ok, "value": d} for n, ok, d in report.targets(res)]
     res["wall_s"] = time.perf_counter() - t0
     res["load_average"].append(os.getloadavg()[0])
@@ -280,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda", "mps"))
     parser.add_argument(
-        "--quick", action="store_true", help="a smoke run of a minute or two (see above)"
+        "--quick", action="store_true", help=f"a smoke run ({QUICK_TAKES}; see above)"
     )
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile step")
     parser.add_argument(
@@ -291,10 +318,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="write bench.json, bench.txt and the plot here")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
+    _PRINTED.clear()
     with progress.running():
         res = collect(device, args.quick, not args.no_compile)
     text = report.table(res)
-    print(text, end="")
+    if _PRINTED:  # the header and each section went out as they were measured
+        load = res.get("load_average") or []
+        closing = [report.load_line(load, res.get("cores") or os.cpu_count() or 1)]
+        closing = closing if len(load) == 2 else []
+        if "wall_s" in res:
+            closing.append(f"wall time: {res['wall_s']:.0f} s")
+        print("\n".join([*closing, *report.closing_lines(res)]) + "\n", end="")
+    else:
+        print(text, end="")
     if args.write or args.out is not None:
         written = report.write(res, text, args.out or RESULTS, readme=args.write)
         print(f"wrote {', '.join(str(p) for p in written)}", file=sys.stderr)

@@ -110,3 +110,49 @@ def test_the_load_caveat_only_when_the_load_passed_the_cores(
     text = report.table({**recorded, "load_average": load, "cores": 2})
     assert f"load average {load[0]:.1f} at the start, {load[1]:.1f} at the end" in text
     assert ("(above the 2 cores: other work shared the machine" in text) is caveat
+
+
+def _measured_sections(monkeypatch: pytest.MonkeyPatch, stop_at: str | None) -> None:
+    """``collect``'s measurements replaced by the recorded run's figures; the section
+    ``stop_at`` is interrupted (Ctrl+C, or a run killed while it measures)."""
+
+    def gives(key: str) -> Any:
+        def measured(*args: object, **kwargs: object) -> Any:
+            if key == stop_at:
+                raise KeyboardInterrupt
+            return copy.deepcopy(RECORDED[key])
+
+        return measured
+
+    monkeypatch.setattr(run, "matmul_peak", gives("matmul_peak_flops"))
+    monkeypatch.setattr(run, "bench_rope", gives("rope"))
+    monkeypatch.setattr(run.rope_autocast, "bench", gives("rope_autocast"))
+    monkeypatch.setattr(run, "bench_attention", gives("attention"))
+    monkeypatch.setattr(run, "bench_train", gives("train"))
+    monkeypatch.setattr(run, "bench_sweep", gives("sweep"))
+    monkeypatch.setattr(run.decode, "bench", gives("decode"))
+    monkeypatch.setattr(run.downstream, "bench", gives("experiments"))
+
+
+def test_each_section_is_printed_as_it_ends_so_a_stopped_run_keeps_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 29: the table was printed only at the end, so a killed run left nothing."""
+    _measured_sections(monkeypatch, stop_at="sweep")
+    with pytest.raises(KeyboardInterrupt):
+        run.main(["--quick"])
+    out = capsys.readouterr().out
+    for key in ("matmul_peak_flops", "rope", "rope_autocast", "attention", "train", "compile"):
+        section = "\n".join(report.section_lines(RECORDED, key))
+        assert section and section in out, key  # measured before the stop: kept
+    assert "tokens/s against T" not in out and "Targets" not in out
+    assert out.startswith("niels_gpt bench - ") and "--quick: a smoke run" in out
+
+    _measured_sections(monkeypatch, stop_at=None)
+    assert run.main(["--quick"]) == 0
+    out = capsys.readouterr().out
+    body = [line for key in report.SECTIONS for line in report.section_lines(RECORDED, key)]
+    assert "\n".join(body) in out  # every section once, in the table's order
+    assert out.count("RoPE forward") == 1
+    assert out.rstrip("\n").endswith("\n".join(report.closing_lines(RECORDED)))
+    assert "load average " in out and "wall time: " in out

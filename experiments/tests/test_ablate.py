@@ -73,3 +73,57 @@ def test_bad_arguments_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as stop:
         main(["--seeds", "0"])
     assert stop.value.code == 2 and "--seeds must be >= 1, got 0" in capsys.readouterr().err
+
+
+def test_a_reused_out_is_refused_unless_overwrite(
+    corpus_dir: Path, data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As niels-train does: a second study into the same --out replaced the first silently."""
+    out = tmp_path / "ablate"
+    (out / "v0-seed0").mkdir(parents=True)
+    (out / "ablation.json").write_text("the first study")
+    (out / "notes.txt").write_text("mine")
+    flags = ["--quick", "--seeds", "1", "--corpus", str(corpus_dir), "--data-dir",
+             str(data_dir), "--out", str(out)]  # fmt: skip
+    with pytest.raises(SystemExit) as stop:
+        main(flags)
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert f"error: --out {out} already holds a study (ablation.json, v0-seed0)" in err
+    assert "--overwrite" in err and (out / "ablation.json").read_text() == "the first study"
+    assert main([*flags, "--overwrite"]) == 0
+    assert json.loads((out / "ablation.json").read_text())["runs"]
+    assert (out / "notes.txt").read_text() == "mine"  # only the study's own files went
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["--steps", "0"], "--steps 0: steps must be a positive int, got 0"),
+        (["--device", "tpu"], "--device tpu: "),
+        (["--timeout", "0"], "--timeout must be > 0 seconds, got 0.0"),
+        (
+            ["--data-dir", "/dev/null/cache"],
+            "--data-dir /dev/null/cache: /dev/null is not a folder",
+        ),
+    ],
+)
+def test_input_errors_exit_2_naming_the_flag(
+    flags: list[str], named: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as stop:
+        main(["--quick", "--out", str(tmp_path / "o"), *flags])
+    assert stop.value.code == 2 and f"niels-ablate: error: {named}" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()  # refused before anything ran
+
+
+def test_a_missing_corpus_exits_2_before_any_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It was exit 1 after a run's process failed, its reason in that run's log."""
+    missing = tmp_path / "missing"
+    with pytest.raises(SystemExit) as stop:
+        main(["--quick", "--corpus", str(missing), "--out", str(tmp_path / "o")])
+    assert stop.value.code == 2
+    assert f"error: --corpus {missing}: corpus path" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()

@@ -140,7 +140,7 @@ def test_cli_rejects_bad_settings_with_the_value(capsys: pytest.CaptureFixture[s
     with pytest.raises(SystemExit) as stop:
         train_main(["--batch-size", "0"])
     assert stop.value.code == 2
-    assert "batch_size must be a positive int, got 0" in capsys.readouterr().err
+    assert "--batch-size 0: batch_size must be a positive int, got 0" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         train_main(["--fsdp", "--precision", "fp16"])
     assert "use --precision bf16" in capsys.readouterr().err
@@ -149,12 +149,48 @@ def test_cli_rejects_bad_settings_with_the_value(capsys: pytest.CaptureFixture[s
 def test_cli_reports_a_missing_corpus_in_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code = train_main(
-        ["--quick", "--corpus", str(tmp_path / "missing"), "--out", str(tmp_path / "o")]
-    )
-    assert code == 1
+    """An input error: exit 2 and the flag named (it was exit 1, without the flag)."""
+    missing = tmp_path / "missing"
+    code = train_main(["--quick", "--corpus", str(missing), "--out", str(tmp_path / "o")])
+    assert code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "does not exist" in err
+    assert err.startswith(f"niels-train: --corpus {missing}: ")
+    (tmp_path / "empty").mkdir()
+    assert train_main(["--quick", "--corpus", str(tmp_path / "empty")]) == 2
+    assert capsys.readouterr().err.startswith(f"niels-train: --corpus {tmp_path / 'empty'}: ")
+
+
+def test_an_out_or_data_dir_that_cannot_be_a_folder_is_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Both were a FileExistsError or NotADirectoryError traceback, exit 1."""
+    file = tmp_path / "a-file"
+    file.write_text("")
+    assert train_main(["--quick", "--device", "cpu", "--out", str(file)]) == 2
+    assert (
+        capsys.readouterr().err == f"niels-train: --out {file}: {file} exists and is not a folder\n"
+    )
+    code = train_main(["--quick", "--device", "cpu", "--data-dir", str(file / "cache"),
+                       "--out", str(tmp_path / "o")])  # fmt: skip
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err == f"niels-train: --data-dir {file / 'cache'}: {file} is not a folder\n"
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_model_size_error_names_the_flags_not_the_fields(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``--heads 3`` said only ``ModelConfig.C must be divisible by H``."""
+    with pytest.raises(SystemExit) as stop:
+        train_main(["--heads", "3"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert "error: --width 256, --heads 3: ModelConfig.C must be divisible by H" in err
+    with pytest.raises(SystemExit) as stop:
+        train_main(["--quick", "--layers", "0"])
+    assert stop.value.code == 2 and "error: --layers 0: " in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(("steps", "warmup"), [(1, 0), (5, 0), (50, 5), (100, 10), (2000, 100)])
@@ -230,6 +266,11 @@ def test_a_second_run_into_the_same_out_is_refused_unless_asked(
     assert sorted(p.name for p in (out / "checkpoints").glob("step-*")) == ["step-0000002"]
     assert (out / "notes.txt").read_text() == "mine"  # only the run's own files went
     assert train_main([*base, "--steps", "2", "--eval-every", "2", "--resume"]) == 0
+    capsys.readouterr()
+    # Resuming with another run-defining flag is an input error too: exit 2, the flag named.
+    assert train_main([*base, "--steps", "3", "--eval-every", "2", "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("niels-train: --steps: ") and "2 -> 3" in err
 
 
 def test_the_bar_the_closing_line_and_the_log_show_the_run_average(

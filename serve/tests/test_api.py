@@ -51,6 +51,10 @@ def test_the_page_and_its_files_come_from_the_app(client: httpx.Client) -> None:
     script = client.get("/app.js")
     assert script.headers["content-type"].startswith("text/javascript")
     assert "https://" not in script.text and "innerHTML" not in script.text
+    heads = client.get("/heads.js")  # the overview of every head
+    assert heads.headers["content-type"].startswith("text/javascript")
+    assert "function renderHeads" in heads.text and "innerHTML" not in heads.text
+    assert '<script src="/heads.js">' in page.text
     assert client.get("/style.css").headers["content-type"].startswith("text/css")
 
 

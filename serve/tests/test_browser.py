@@ -3,7 +3,8 @@
 It loads the page from a running ``niels-serve``, types a prompt, waits for
 the streamed tokens, picks a layer and a head, hovers a token and checks what
 the page shows against the API: the generated tokens, every heatmap cell (its
-value and its shade) and where the hovered token attends. It saves a
+value and its shade), every head's thumbnail in the overview (a click picks
+that head) and where the hovered token attends. It saves a
 screenshot (``$NIELS_SERVE_SCREENSHOT`` names a copy, the README's).
 A missing browser fails the test with the line that installs it.
 """
@@ -159,6 +160,85 @@ def test_the_page_streams_and_shows_the_attention_of_a_chosen_head(
         shutil.copyfile(shot, copy)
 
 
+READ_HEADS = """
+return Array.from(document.querySelectorAll('#heads .head')).map(b => {
+  const c = b.querySelector('canvas');
+  const px = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+  const rgba = [];
+  for (let i = 0; i < px.length; i += 4) rgba.push([px[i], px[i + 1], px[i + 2], px[i + 3]]);
+  return [Number(b.dataset.layer), Number(b.dataset.head), c.width, c.height, rgba,
+          b.getAttribute('aria-pressed'), b.getBoundingClientRect().width];
+});
+"""
+
+
+def test_the_overview_shows_every_head_and_a_click_picks_it(
+    server_url: str, driver: webdriver.Chrome
+) -> None:
+    """Issue 29: all heads as small multiples, a row per layer, so a user can find an
+    interesting head; each thumbnail is its head's matrix, shaded as the big heatmap (each
+    row relative to its largest, as the page says); clicking one shows it in the heatmap."""
+    driver.get(f"{server_url}/")
+    wait = WebDriverWait(driver, 60)
+    wait.until(state_is("idle"))
+    prompt = driver.find_element(By.ID, "prompt")
+    prompt.clear()
+    prompt.send_keys(PROMPT)
+    for name, value in {**KNOBS, "max_new_tokens": "20"}.items():
+        box = driver.find_element(By.ID, name)
+        box.clear()
+        if value:
+            box.send_keys(value)
+    driver.find_element(By.ID, "generate").click()
+    wait.until(state_is("done"))
+    model = httpx.get(f"{server_url}/api/model", timeout=60).json()
+    n_layers, n_heads = model["L"], model["H"]
+    thumbs = (By.CSS_SELECTOR, "#heads .head")
+    wait.until(lambda d: len(d.find_elements(*thumbs)) == n_layers * n_heads)
+    tokens = [int(s.get_attribute("data-token")) for s in
+              driver.find_elements(By.CSS_SELECTOR, "#tokens .tok")]  # fmt: skip
+    t = len(tokens)
+    got = httpx.post(f"{server_url}/api/attention", json={"tokens": tokens}, timeout=60).json()
+    every = got["attention"]  # (L, H, t, t)
+
+    heads = driver.execute_script(READ_HEADS)
+    every_head = [(i, j) for i in range(n_layers) for j in range(n_heads)]
+    assert [(h[0], h[1]) for h in heads] == every_head
+    for layer, head, width, height, rgba, pressed, shown_px in heads:
+        assert (width, height) == (t, t) and shown_px <= 80  # one pixel a cell, shown small
+        assert pressed == ("true" if (layer, head) == (0, 0) else "false")  # the heatmap's head
+        m = every[layer][head]
+        for q in range(t):
+            top = max(m[q])
+            for k in range(t):
+                r, g, b, a = rgba[q * t + k]
+                if k > q:
+                    assert (r, g, b, a) == (243, 244, 246, 255), (layer, head, q, k)
+                else:  # the shade of the big heatmap's cell, in the canvas's 8 bits
+                    assert abs(a - 255 * m[q][k] / top) <= 0.5 + 1e-9, (layer, head, q, k, a)
+    rows = driver.find_elements(By.CSS_SELECTOR, "#heads .heads-row")
+    assert [r.text.split("\n")[0] for r in rows] == [f"layer {i}" for i in range(n_layers)]
+    hint = driver.find_element(By.ID, "heads-hint").text
+    assert "relative to its own largest probability" in hint
+    big = driver.find_element(By.CSS_SELECTOR, ".pick + .hint").text
+    assert "relative to the row's largest" in big
+
+    # A click on layer 1, head 3 shows that head in the big heatmap, cell by cell.
+    driver.find_element(By.CSS_SELECTOR, '#heads .head[data-layer="1"][data-head="3"]').click()
+    heatmap = driver.find_element(By.ID, "heatmap")
+    wait.until(lambda d: (heatmap.get_attribute("data-layer"), heatmap.get_attribute("data-head"))
+               == ("1", "3"))  # fmt: skip
+    assert Select(driver.find_element(By.ID, "layer")).first_selected_option.text == "layer 1"
+    assert Select(driver.find_element(By.ID, "head")).first_selected_option.text == "head 3"
+    cells = driver.execute_script(READ_CELLS)
+    assert len(cells) == t * t
+    assert all(float(v) == every[1][3][q][k] for q, k, v, _, future in cells if not future)
+    pressed = driver.find_elements(By.CSS_SELECTOR, '#heads .head[aria-pressed="true"]')
+    assert [(p.get_attribute("data-layer"), p.get_attribute("data-head")) for p in pressed] == [
+        ("1", "3")
+    ]
+
+
 def test_a_64_bit_seed_goes_through_the_page_exactly(
     server_url: str, driver: webdriver.Chrome
 ) -> None:
@@ -262,6 +342,9 @@ def test_a_400_px_window_scales_the_heatmap_and_keeps_hovered_tokens_readable(
         scroll, client, inner, left, right, cell = driver.execute_script(READ_WIDTHS)
         assert inner <= 400 and scroll <= client, (scroll, client)  # no sideways scroll
         assert left >= 0 and right <= client and cell >= 1, (left, right, client, cell)
+        heads = driver.find_elements(By.CSS_SELECTOR, "#heads .head")  # the overview fits too
+        assert heads and all(h.rect["x"] >= 0 and h.rect["x"] + h.rect["width"] <= client
+                             for h in heads), [h.rect for h in heads]  # fmt: skip
 
         # The overview line: this head's shares, from the same matrix the API gives.
         tokens = [int(s.get_attribute("data-token")) for s in

@@ -89,11 +89,17 @@ def test_bad_flags_and_a_bad_checkpoint_say_so(tmp_path: Path) -> None:
     port = run_cli("--port", "70000")
     assert port.returncode == 2 and "--port must be in [0, 65535], got 70000" in port.stderr
     batch = run_cli("--max-batch", "0")
-    assert batch.returncode == 2 and "max_batch must be >= 1, got 0" in batch.stderr
+    assert batch.returncode == 2 and "--max-batch 0: max_batch must be >= 1, got 0" in batch.stderr
+    # Input errors, each named by its flag: exit 2 (a missing run folder was exit 1).
     missing = run_cli("--checkpoint", str(tmp_path / "nothing"))
-    assert missing.returncode == 1
-    assert "--checkpoint must be a niels-train run folder" in missing.stderr
+    assert missing.returncode == 2
+    assert "error: --checkpoint must be a niels-train run folder" in missing.stderr
     assert "Traceback" not in missing.stderr
+    device = run_cli("--checkpoint", str(tmp_path / "nothing"), "--device", "tpu")
+    assert device.returncode == 2 and "error: --device tpu: " in device.stderr
+    (tmp_path / "a-file").write_text("")
+    runs = run_cli("--runs", str(tmp_path / "a-file"))  # exit 1 once a demo training failed
+    assert runs.returncode == 2 and f"error: --runs {tmp_path / 'a-file'}: " in runs.stderr
     both = run_cli("--demo", "--checkpoint", str(tmp_path))
     assert both.returncode == 2 and "not allowed with argument" in both.stderr
 

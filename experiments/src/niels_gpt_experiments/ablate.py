@@ -19,7 +19,9 @@ import datetime as dt
 import json
 import os
 import platform
+import re
 import resource
+import shutil
 import sys
 import time
 from collections.abc import Sequence
@@ -27,11 +29,31 @@ from pathlib import Path
 from typing import Any
 
 from niels_gpt_experiments.config import TrainConfig
+from niels_gpt_experiments.corpus import CorpusError, list_sources
+from niels_gpt_experiments.flags import folder_problem, with_flags
 from niels_gpt_experiments.launch import process_context
 from niels_gpt_experiments.models import MODEL_KINDS
 from niels_gpt_experiments.report import markdown_table, plot_curves, text_table
 
-__all__ = ["STUDY", "main", "study_config"]
+__all__ = ["STUDY", "main", "study_config", "study_files"]
+
+# What a study writes under --out (besides a run folder, result and log per model and seed).
+REPORT_FILES = ("ablation.json", "ablation.txt", "ablation.md", "ablation.png")
+_RUN_OUTPUT = re.compile(r"(v0|v1)-seed\d+(\.json|\.log)?")
+# The study's settings a user sets by a flag of niels-ablate.
+_ABLATE_FLAGS = {"steps": "--steps", "corpus": "--corpus", "device": "--device",
+                 "data_dir": "--data-dir", "seed": "--seeds"}  # fmt: skip
+
+
+def study_files(out: Path) -> list[Path]:
+    """What an earlier study left in ``out``: its reports and its runs' folders, results
+    and logs; nothing else there counts (or is removed by ``--overwrite``)."""
+    if not out.is_dir():
+        return []
+    return sorted(
+        p for p in out.iterdir() if p.name in REPORT_FILES or _RUN_OUTPUT.fullmatch(p.name)
+    )
+
 
 # The default study: a 0.9M-parameter model, 160 steps of 16 x 128 tokens (328k tokens):
 # about 5 minutes on 2 idle CPU cores, well under 15 on a busy one.
@@ -192,8 +214,39 @@ def _machine() -> str:
     return f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__}, Python {python}"
 
 
+def _check_inputs(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, cfg: TrainConfig
+) -> None:
+    """What the runs would fail on minutes later, refused now (exit 2, the flag named): an
+    ``--out`` holding a study, a device this machine lacks, a corpus with nothing to read."""
+    for flag, folder in (("--out", args.out), ("--data-dir", args.data_dir)):
+        problem = None if folder is None else folder_problem(folder)
+        if problem is not None:
+            parser.error(f"{flag} {folder}: {problem}")
+    earlier = study_files(args.out)
+    if earlier and not args.overwrite:
+        names = ", ".join(p.name for p in earlier[:4]) + (", ..." if len(earlier) > 4 else "")
+        parser.error(
+            f"--out {args.out} already holds a study ({names}): pass --overwrite to replace "
+            "it, or another --out"
+        )
+    from niels_gpt.device import DeviceUnavailableError, resolve_device  # torch loads here
+
+    try:
+        resolve_device(args.device)
+    except (ValueError, DeviceUnavailableError) as err:
+        parser.error(f"--device {args.device}: {str(err).splitlines()[0]}")
+    if args.corpus is not None:
+        try:
+            list_sources(cfg.corpus_spec())
+        except CorpusError as err:
+            parser.error(f"--corpus {args.corpus}: {err}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Console script ``niels-ablate``. Exit 0 done, 1 a run failed, 2 bad arguments."""
+    """Console script ``niels-ablate``. Exit 0 done, 1 a run failed, 2 an input error (named:
+    a bad value, an ``--out`` holding a study without ``--overwrite``, a missing device or
+    corpus)."""
     parser = argparse.ArgumentParser(
         prog="niels-ablate",
         description=__doc__,
@@ -209,6 +262,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, help="runs side by side (default: 2 on CPU, 1 on GPU)")
     parser.add_argument("--threads", type=int, help="torch threads per run (default: cores/jobs)")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds allowed per run")
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the study already in --out (without it, such an --out is refused)",
+    )
     args = parser.parse_args(argv)
     seeds = args.seeds if args.seeds is not None else (2 if args.quick else 3)
     cores = os.cpu_count() or 1
@@ -217,6 +275,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name, value in (("--seeds", seeds), ("--jobs", jobs), ("--threads", threads)):
         if value < 1:
             parser.error(f"{name} must be >= 1, got {value}")
+    if not args.timeout > 0:
+        parser.error(f"--timeout must be > 0 seconds, got {args.timeout}")
     extra: dict[str, Any] = {
         "device": args.device,
         "corpus": args.corpus,
@@ -232,8 +292,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         ]
         configs = [dataclasses.replace(c, eval_every=min(c.eval_every, c.steps)) for c in configs]
     except ValueError as err:
-        parser.error(str(err))
+        parser.error(with_flags(str(err), _ABLATE_FLAGS, lambda f: extra.get(f)))
+    _check_inputs(parser, args, configs[0])
 
+    if args.overwrite:
+        for path in study_files(args.out):
+            if path.is_dir():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
     args.out.mkdir(parents=True, exist_ok=True)
     date = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     t0 = time.perf_counter()

@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from niels_gpt_experiments.checkpoint import CheckpointError
-from niels_gpt_experiments.config import QUICK, TrainConfig
+from niels_gpt_experiments.config import QUICK, SettingsChangedError, TrainConfig
 from niels_gpt_experiments.corpus import CorpusError
+from niels_gpt_experiments.flags import TRAIN_FLAGS, folder_problem, with_flags
 
 __all__ = ["build_parser", "config_from_args", "train_main"]
 
@@ -143,7 +144,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     """``TrainConfig`` defaults, then ``--quick``'s, then every flag given.
 
     Raises:
-        ValueError: a setting out of range.
+        ValueError: a setting out of range; the message starts with the flags at
+            fault and their values (``--width 256, --heads 3: ModelConfig.C ...``).
     """
     base = TrainConfig()
     given: dict[str, Any] = dict(QUICK) if args.quick else {}
@@ -157,7 +159,13 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
             args.beta1 if args.beta1 is not None else b1,
             args.beta2 if args.beta2 is not None else b2,
         )
-    return dataclasses.replace(base, **given)
+    try:
+        return dataclasses.replace(base, **given)
+    except ValueError as err:
+        text = _one_line(err)
+        raise ValueError(
+            with_flags(text, TRAIN_FLAGS, lambda f: given.get(f, getattr(base, f, None)))
+        ) from err
 
 
 def _one_line(err: BaseException) -> str:
@@ -168,9 +176,12 @@ def _one_line(err: BaseException) -> str:
 def train_main(argv: Sequence[str] | None = None) -> int:
     """Console script ``niels-train``.
 
-    Exit 0 done; 1 the run failed (corpus, checkpoint); 2 bad arguments, a
-    device this machine lacks, or an ``--out`` that holds a run (``--resume``,
-    ``--overwrite``). Errors are one line on stderr, never a traceback.
+    Exit 0 done; 1 the run failed (a damaged checkpoint, the standard library's
+    sources unreadable); 2 an input error, which names its flag: a bad value, a
+    device this machine lacks, a ``--corpus`` that is missing or has nothing to
+    train on, an ``--out`` that holds a run (``--resume``, ``--overwrite``), or a
+    ``--resume`` whose flags differ from the checkpoint's. Errors are one line on
+    stderr, never a traceback.
     """
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -187,12 +198,26 @@ def train_main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, DeviceUnavailableError) as err:
         print(f"niels-train: --device {cfg.device}: {_one_line(err)}", file=sys.stderr)
         return 2
+    for flag, folder in (("--out", cfg.out_dir), ("--data-dir", cfg.data_dir)):
+        problem = None if folder is None else folder_problem(folder)
+        if problem is not None:
+            print(f"niels-train: {flag} {folder}: {problem}", file=sys.stderr)
+            return 2
     try:
         result = train(cfg)
     except RunExistsError as err:
         print(f"niels-train: {_one_line(err)}", file=sys.stderr)
         return 2
-    except (CorpusError, CheckpointError) as err:
+    except SettingsChangedError as err:
+        print(f"niels-train: {with_flags(_one_line(err), TRAIN_FLAGS)}", file=sys.stderr)
+        return 2
+    except CorpusError as err:
+        if cfg.corpus is None:  # the standard library: nothing the user typed
+            print(f"niels-train: {_one_line(err)}", file=sys.stderr)
+            return 1
+        print(f"niels-train: --corpus {cfg.corpus}: {_one_line(err)}", file=sys.stderr)
+        return 2
+    except CheckpointError as err:
         print(f"niels-train: {_one_line(err)}", file=sys.stderr)
         return 1
     if result.val_losses and result.rank == 0:

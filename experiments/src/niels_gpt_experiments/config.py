@@ -19,6 +19,7 @@ __all__ = [
     "AUTOCAST_DTYPES",
     "QUICK",
     "Precision",
+    "SettingsChangedError",
     "TrainConfig",
     "check_same_run",
     "default_warmup",
@@ -241,17 +242,21 @@ def _effective(settings: dict[str, Any]) -> dict[str, Any]:
     return settings
 
 
+class SettingsChangedError(CheckpointError):
+    """``--resume`` with run-defining settings other than the checkpoint's (an input error)."""
+
+
 def check_same_run(saved_json: str, cfg: TrainConfig) -> None:
     """Refuse to resume a checkpoint whose run-defining settings differ from ``cfg``'s.
 
     Raises:
-        CheckpointError: the settings that changed, each ``name old -> new``.
+        SettingsChangedError: the settings that changed, each ``name old -> new``.
     """
     saved, now = _effective(json.loads(saved_json)), _effective(cfg.as_json())
     changed = [
         f"{k} {saved.get(k)!r} -> {now[k]!r}" for k in RUN_DEFINING if saved.get(k) != now[k]
     ]
     if changed:
-        raise CheckpointError(
+        raise SettingsChangedError(
             "--resume needs the checkpoint's own settings; changed: " + "; ".join(changed)
         )

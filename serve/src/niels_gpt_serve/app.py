@@ -2,7 +2,7 @@
 
 Routes (OpenAPI schema at ``/openapi.json``; no ``/docs``: Swagger UI needs a CDN)::
 
-    GET  /                      the page (and /app.js, /style.css beside it)
+    GET  /                      the page (and /app.js, /heads.js, /style.css beside it)
     GET  /api/model             what is served and the limits of a request
     GET  /api/health            "ok" and the batcher's counters
     POST /api/generate          one JSON answer when the generation is done
@@ -55,7 +55,12 @@ __all__ = ["ENGINES", "Served", "create_app"]
 #: The engines ``niels-serve --engine`` offers, by name.
 ENGINES: dict[str, Callable[[GPT], Engine]] = {"cached": CachedEngine, "padded": PaddedEngine}
 
-_PAGE_FILES = {"index.html": "text/html", "app.js": "text/javascript", "style.css": "text/css"}
+_PAGE_FILES = {
+    "index.html": "text/html",
+    "app.js": "text/javascript",
+    "heads.js": "text/javascript",
+    "style.css": "text/css",
+}
 
 
 @dataclass(frozen=True)
@@ -149,6 +154,10 @@ def create_app(
     @app.get("/app.js", include_in_schema=False)
     async def script() -> Response:
         return Response(page["app.js"], media_type=_PAGE_FILES["app.js"])
+
+    @app.get("/heads.js", include_in_schema=False)
+    async def heads_script() -> Response:
+        return Response(page["heads.js"], media_type=_PAGE_FILES["heads.js"])
 
     @app.get("/style.css", include_in_schema=False)
     async def style() -> Response:

@@ -28,6 +28,13 @@ __all__ = ["apply_quant", "build_parser", "listen", "main"]
 
 #: Seconds open requests get to finish after SIGINT or SIGTERM before they are cut.
 DRAIN_S = 30
+#: ``Limits``' fields, by the flag that sets each (their errors name the flag).
+_LIMIT_FLAGS = {
+    "max_new_tokens": "--max-new-tokens",
+    "max_body_bytes": "--max-body-bytes",
+    "max_batch": "--max-batch",
+    "max_waiting": "--max-waiting",
+}
 
 
 class _Stopped(Exception):
@@ -111,28 +118,42 @@ def listen(host: str, port: int) -> socket.socket:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Console script ``niels-serve``. Exit 0 on Ctrl+C, 1 no model or no socket, 2 bad flags."""
+    """Console script ``niels-serve``. Exit 0 on Ctrl+C; 1 no model (a damaged run, a demo
+    training that failed) or no socket; 2 an input error, naming its flag (a bad value, a
+    ``--checkpoint`` that is not a run folder, a ``--device`` this machine lacks)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if not 0 <= args.port <= 65535:
         parser.error(f"--port must be in [0, 65535], got {args.port}")
+    from niels_gpt_experiments.flags import folder_problem, with_flags
     from niels_gpt_serve.limits import Limits
 
     try:
         limits = Limits(args.max_new_tokens, args.max_body_bytes, args.max_batch, args.max_waiting)
     except ValueError as err:
-        parser.error(str(err))
+        parser.error(with_flags(str(err), _LIMIT_FLAGS, lambda f: getattr(args, f, None)))
+    if args.checkpoint is None and (problem := folder_problem(args.runs)) is not None:
+        parser.error(f"--runs {args.runs}: {problem}")
+    from niels_gpt.device import DeviceUnavailableError, resolve_device  # torch loads here
+
+    try:
+        resolve_device(args.device)  # before a demo model trains for minutes
+    except (ValueError, DeviceUnavailableError) as err:
+        parser.error(f"--device {args.device}: {str(err).splitlines()[0]}")
 
     import uvicorn
 
     from niels_gpt.model.gpt import GPT
     from niels_gpt_experiments.loading import load_run
     from niels_gpt_serve.app import ENGINES, Served, create_app
-    from niels_gpt_serve.runs import ServeError, choose_run, stderr
+    from niels_gpt_serve.runs import NotARunError, ServeError, choose_run, stderr
     from niels_gpt_serve.trained import read_training
 
     try:
-        run_dir = choose_run(args.checkpoint, args.runs, stderr, demo=args.demo)
+        try:
+            run_dir = choose_run(args.checkpoint, args.runs, stderr, demo=args.demo)
+        except NotARunError as err:
+            parser.error(str(err))
         loaded = load_run(run_dir, device=args.device)
     except (ServeError, OSError, ValueError, RuntimeError) as err:
         print(f"niels-serve: {err}", file=sys.stderr)

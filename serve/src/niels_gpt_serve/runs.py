@@ -14,11 +14,15 @@ from pathlib import Path
 
 from niels_gpt_serve.demo import DEMO_FLAGS, DEMO_RUN, demo_finished
 
-__all__ = ["ServeError", "choose_run", "newest_run", "train_demo"]
+__all__ = ["NotARunError", "ServeError", "choose_run", "newest_run", "train_demo"]
 
 
 class ServeError(RuntimeError):
     """No model to serve: a bad ``--checkpoint`` or a demo training that failed."""
+
+
+class NotARunError(ServeError):
+    """``--checkpoint`` names no run folder: an input error (exit 2), not a failure."""
 
 
 def _latest(run_dir: Path) -> Path:
@@ -63,11 +67,12 @@ def choose_run(
     run under ``runs``, or the demo when there is none.
 
     Raises:
-        ServeError: ``checkpoint`` is not a run folder, or the demo's training failed.
+        NotARunError: ``checkpoint`` is not a run folder.
+        ServeError: the demo's training failed.
     """
     if checkpoint is not None:
         if not (checkpoint / "run.json").is_file():
-            raise ServeError(
+            raise NotARunError(
                 f"--checkpoint must be a niels-train run folder (with run.json and "
                 f"checkpoints/), got {str(checkpoint)!r}"
             )

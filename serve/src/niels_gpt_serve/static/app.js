@@ -90,6 +90,7 @@ async function generate(event) {
   state.attention.clear();
   $("tokens").replaceChildren();
   $("heatmap").replaceChildren();
+  $("heads").replaceChildren();
   const controller = new AbortController();
   state.abort = controller;
   $("generate").disabled = true;
@@ -162,6 +163,18 @@ async function onEvent(name, data) {
   }
 }
 
+// Every layer's attention at once (one request): the overview shows all of them.
+async function allAttention() {
+  const response = await fetch("/api/attention", {
+    method: "POST",
+    headers: { "Content-Type": "application/json" },
+    body: JSON.stringify({ tokens: state.tokens, layer: null }),
+  });
+  const body = await response.json();
+  if (!response.ok) throw new Error(body.detail);
+  body.layers.forEach((layer, i) => state.attention.set(layer, body.attention[i])); // [head][q][k]
+}
+
 async function layerAttention(layer) {
   if (!state.attention.has(layer)) {
     const response = await fetch("/api/attention", {
@@ -185,12 +198,14 @@ async function showAttention() {
   if (state.tokens.length === 0) return;
   const layer = Number($("layer").value);
   try {
+    if (state.attention.size === 0) await allAttention();
     await layerAttention(layer);
   } catch (err) {
     setState("error", `attention: ${err.message}`);
     return;
   }
   renderHeatmap();
+  renderHeads();
 }
 
 function rowMax(row) {
@@ -254,13 +269,8 @@ function renderHeatmap() {
 // One line on what the chosen head does, averaged over every row but the first (which can
 // only attend to itself): the share of attention on the token before, on itself, on the
 // first token, and how far back it looks on average.
-function showOverview(matrix) {
+function headFigures(matrix) {
   const t = matrix.length;
-  const box = $("overview");
-  if (t < 2) {
-    box.textContent = "";
-    return;
-  }
   let prev = 0, self = 0, first = 0, distance = 0;
   for (let q = 1; q < t; q++) {
     prev += matrix[q][q - 1];
@@ -269,9 +279,20 @@ function showOverview(matrix) {
     for (let k = 0; k <= q; k++) distance += matrix[q][k] * (q - k);
   }
   const rows = t - 1;
-  const figures = { prev: prev / rows, self: self / rows, first: first / rows, distance: distance / rows };
+  return { prev: prev / rows, self: self / rows, first: first / rows, distance: distance / rows };
+}
+
+const pct = (v) => `${Math.round(100 * v)}%`;
+
+function showOverview(matrix) {
+  const t = matrix.length;
+  const box = $("overview");
+  if (t < 2) {
+    box.textContent = "";
+    return;
+  }
+  const figures = headFigures(matrix);
   for (const [name, value] of Object.entries(figures)) box.dataset[name] = String(value);
-  const pct = (v) => `${Math.round(100 * v)}%`;
   box.textContent =
     `Layer ${$("layer").value}, head ${$("head").value}, averaged over rows 1 to ${t - 1}: ` +
     `${pct(figures.prev)} of a token's attention goes to the token just before it, ` +
@@ -340,7 +361,10 @@ async function init() {
   options($("layer"), model.L, "layer");
   options($("head"), model.H, "head");
   $("layer").addEventListener("change", showAttention);
-  $("head").addEventListener("change", renderHeatmap);
+  $("head").addEventListener("change", () => {
+    renderHeatmap();
+    renderHeads();
+  });
   $("controls").addEventListener("submit", generate);
   $("stop").addEventListener("click", () => state.abort && state.abort.abort());
   let resizing = false;
