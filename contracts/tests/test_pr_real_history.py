@@ -4,7 +4,10 @@ The base of these scenarios carries an attention bug merged earlier: a query
 whose every key is masked (a left pad's row, or a row whose few visible keys a
 key mask hides) gets a softmax spread over masked keys instead of the zero row
 the spec promises. A PR that only edits a docstring keeps the base's answers; the reference,
-not the base, must decide (issue 28, item 3).
+not the base, must decide (issue 28, item 3). And on padding (a leaf: no
+stage's calls run through it), a base whose padded loss divides by the batch
+size instead of the real tokens: the PR that fixes it changes the base's
+answers and is KEPT, judged by the reference on those calls.
 """
 
 from __future__ import annotations
@@ -54,3 +57,35 @@ def test_a_docstring_pr_keeping_the_bases_bug_is_broken(real_repo: RealRepo) -> 
     assert "oracle.differs" in rules_of(out)
     found = [v["message"] for v in out["violations"] if v["rule"] == "oracle.differs"]
     assert any("differs from the float64 reference's" in m for m in found), found
+
+
+PADDING = "packages/padding/src/niels_gpt/model/padding/__init__.py"
+PER_TOKEN = "    counted = attention_mask.sum().clamp(min=1)  # 0-d int64, max(N, 1)\n"
+PER_ROW = "    counted = attention_mask.shape[0]  # (a bug: the batch size)\n"
+# A user's script: the padded loss of one real token in a batch of two rows.
+LOSS = """
+import torch
+import torch.nn.functional as F
+from niels_gpt.model.padding import padded_cross_entropy
+logits = torch.randn(2, 3, 5, generator=torch.Generator().manual_seed(1))
+targets = torch.tensor([[1, 2, 3], [4, 0, 1]])
+mask = torch.tensor([[False, False, True], [False, False, False]])
+got = padded_cross_entropy(logits, targets, mask)
+print(float(got - F.cross_entropy(logits[0, 2:], targets[0, 2:])))
+"""
+
+
+def test_a_pr_fixing_the_bases_bug_is_kept(real_repo: RealRepo) -> None:
+    real_repo.git("checkout", "-q", "main")
+    real_repo.replace(PADDING, PER_TOKEN, PER_ROW)
+    real_repo.commit("padding: an earlier merge that averages the loss over rows")
+    real_repo.git("checkout", "-q", "-B", "pr", "main")
+    assert abs(float(real_repo.probe(LOSS, "main"))) > 0.1  # the harm is on the base
+    real_repo.replace(PADDING, PER_ROW, PER_TOKEN)
+    real_repo.pr("padding", "padding: the loss is a mean over real tokens again")
+    assert abs(float(real_repo.probe(LOSS))) < 1e-6  # fixed on the PR's code
+    code, out, _ = real_repo.verdict("--skip-mutants")
+    assert rows(out)["oracle:cpu"] == "KEPT", [v["message"][:400] for v in out["violations"]]
+    summary = next(o["summary"] for o in out["outcomes"] if o["check"] == "oracle:cpu")
+    assert "the base differs from the float64 reference on" in summary, summary
+    assert code == 0
