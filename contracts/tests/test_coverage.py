@@ -22,8 +22,8 @@ from niels_gpt_contracts.spec import Spec
 from niels_gpt_contracts.verdict.oracle import _unswept
 
 ROOT = Path(__file__).resolve().parents[2]
-DECLARING = ("rope", "attention", "block", "backbone_v1", "kv_cache")
-STACKING = ("kv_cache",)  # stages that also declare "combos"
+DECLARING = ("rope", "attention", "block", "backbone_v1", "kv_cache", "padding", "fastpath")
+STACKING = ("kv_cache", "padding", "fastpath")  # stages that also declare "combos"
 
 
 class _Dict(Tree):
