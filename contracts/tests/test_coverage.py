@@ -23,7 +23,8 @@ from niels_gpt_contracts.spec import Spec
 from niels_gpt_contracts.verdict.oracle import _unswept
 
 ROOT = Path(__file__).resolve().parents[2]
-DECLARING = ("rope", "attention", "block", "backbone_v1")
+DECLARING = ("rope", "attention", "block", "backbone_v1", "kv_cache", "padding", "fastpath")
+STACKING = ("kv_cache", "padding", "fastpath")  # stages that also declare "combos"
 
 
 class _Dict(Tree):
@@ -69,6 +70,21 @@ def test_an_axis_taken_out_of_the_driver_is_named(stage: str, axis: str) -> None
     found = check_coverage(spec, _Dict(cut))
     assert [(v.rule, v.stage) for v in found] == [("oracle.coverage", stage)]
     assert f"'{axis}'" in found[0].message
+
+
+@pytest.mark.parametrize("stage", STACKING)
+def test_combos_taken_out_of_the_driver_is_named(stage: str) -> None:
+    specs, texts = _real()
+    spec = specs[stage]
+    assert spec.oracle is not None and "combos" in spec.oracle.axes
+    own = f"specs/{stage}/"
+    cut = {
+        f: t.replace('"combos"', '"elsewhere"') if f.startswith(own) else t
+        for f, t in texts.items()
+    }
+    found = check_coverage(spec, _Dict(cut))
+    assert [(v.rule, v.stage) for v in found] == [("oracle.coverage", stage)]
+    assert "'combos'" in found[0].message
 
 
 def test_only_literals_in_axes_of_a_call_count() -> None:

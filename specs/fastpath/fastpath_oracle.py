@@ -20,8 +20,11 @@ answers, each cached run must equal the same columns of one uncached call
 
 from __future__ import annotations
 
+import importlib.util
+from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import torch
 
@@ -36,6 +39,9 @@ from niels_gpt.model.gpt import GPT
 
 if TYPE_CHECKING:
     from niels_gpt_contracts.sandbox._oracle_kit import Oracle
+
+COMBOS = ("combos",)  # spec axes these calls sweep (checks/coverage reads the literals)
+ERRORS = ("errors",)
 
 LENGTHS = (1, 2, 127, 128, 129, 255, 256, 257, 511, 512, 513, 767, 1024)
 CHUNK = 8  # cached chunks of every size 1..CHUNK
@@ -145,6 +151,7 @@ def _switch(o: Oracle) -> None:
         desc="not a module",
         stages=1,
         reduction=1,
+        axes=ERRORS,
     )
 
 
@@ -211,6 +218,7 @@ def _cached(o: Oracle) -> None:
                             desc=f"{about} uncached, {stop} columns",
                             stages=4,
                             reduction=max(16, stop),
+                            axes=COMBOS,
                         )
                         for n in range(1, CHUNK + 1):
                             name = f"{full}/n={n}"
@@ -225,6 +233,7 @@ def _cached(o: Oracle) -> None:
                                 stages=4,
                                 reduction=max(16, stop),
                                 relations=same,
+                                axes=COMBOS,
                             )
         use_explicit_attention(attn)
 
@@ -234,3 +243,29 @@ def calls(o: Oracle) -> None:
     _attention(o)
     _switch(o)
     _cached(o)
+
+
+def _domain() -> Any:
+    """``fastpath_oracle_domain.py`` beside this file: 3.4's domain sweeps (``domain/...``)."""
+    path = Path(__file__).with_name("fastpath_oracle_domain.py")
+    spec = importlib.util.spec_from_file_location("_fastpath_oracle_domain", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_Driver = TypeVar("_Driver", bound="Callable[[Oracle], None]")
+
+
+def _then_domain(first: _Driver) -> _Driver:
+    """``first``'s calls, then the domain sweeps (3.4: added after the earlier calls, unchanged)."""
+
+    def both(o: Oracle) -> None:
+        first(o)
+        _domain().calls(o)
+
+    return cast(_Driver, both)
+
+
+calls = _then_domain(calls)

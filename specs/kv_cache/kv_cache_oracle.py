@@ -31,8 +31,11 @@ calls under ``no-cat-in-generate`` (their ops are recorded).
 
 from __future__ import annotations
 
+import importlib.util
+from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import torch
 
@@ -51,6 +54,8 @@ if TYPE_CHECKING:
     from niels_gpt_contracts.sandbox._oracle_kit import Oracle
 
 DECODE, GENERATE = ("no-cat-on-decode",), ("no-cat-in-generate",)
+COMBOS = ("combos",)  # spec axes these calls sweep (checks/coverage reads the literals)
+ERRORS = ("errors",)
 CHUNK = 8  # cached chunks of every size 1..CHUNK
 SPANS = ((0, 42), (300, 320))  # columns fed through the cache: cache lengths 0..41, 300..319
 
@@ -229,7 +234,7 @@ def _filters_and_bad(o: Oracle) -> None:
         "batch": partial(use_kv_cache, gpt, 0),
     }
     for what, fn in cases.items():
-        o.call(f"bad/{what}", fn, desc=f"bad argument: {what}", stages=1, reduction=1)
+        o.call(f"bad/{what}", fn, desc=f"bad argument: {what}", stages=1, reduction=1, axes=ERRORS)
     use_kv_cache(gpt, 1)
     with torch.no_grad():
         gpt(prompt)
@@ -239,6 +244,7 @@ def _filters_and_bad(o: Oracle) -> None:
             desc="a cached chunk past cfg.T",
             stages=1,
             reduction=1,
+            axes=ERRORS,
         )
         o.call(
             "bad/batch-mismatch",
@@ -246,6 +252,7 @@ def _filters_and_bad(o: Oracle) -> None:
             desc="a cached chunk of another batch",
             stages=1,
             reduction=1,
+            axes=ERRORS,
         )
 
 
@@ -289,6 +296,7 @@ def _combos(o: Oracle) -> None:
                         desc=f"{short} {kind} uncached, {stop} columns",
                         stages=9,
                         reduction=max(48, stop),
+                        axes=COMBOS,
                     )
                     for n in range(1, CHUNK + 1):
                         name = f"{full}/n={n}"
@@ -298,6 +306,7 @@ def _combos(o: Oracle) -> None:
                             desc=f"{short} {kind} cached chunks of {n} from column {start}..",
                             stages=9,
                             reduction=max(48, stop),
+                            axes=COMBOS,
                             relations=[
                                 o.equal((name, f"o{j}", ()), (full, "out", ((1, start, stop),)))
                                 for j in range(n)
@@ -321,6 +330,7 @@ def _combos(o: Oracle) -> None:
                         stages=9,
                         reduction=cfg.T,
                         rules=GENERATE,
+                        axes=COMBOS,
                         relations=[
                             o.equal((f"{tag}/fast", "out", ()), (f"{tag}/explicit", "out", ()))
                         ]
@@ -337,3 +347,29 @@ def calls(o: Oracle) -> None:
     _generate(o)
     _filters_and_bad(o)
     _combos(o)
+
+
+def _domain() -> Any:
+    """``kv_cache_oracle_domain.py`` beside this file: 4.6's domain sweeps (``domain/...``)."""
+    path = Path(__file__).with_name("kv_cache_oracle_domain.py")
+    spec = importlib.util.spec_from_file_location("_kv_cache_oracle_domain", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_Driver = TypeVar("_Driver", bound="Callable[[Oracle], None]")
+
+
+def _then_domain(first: _Driver) -> _Driver:
+    """``first``'s calls, then the domain sweeps (4.6: added after the earlier calls, unchanged)."""
+
+    def both(o: Oracle) -> None:
+        first(o)
+        _domain().calls(o)
+
+    return cast(_Driver, both)
+
+
+calls = _then_domain(calls)

@@ -27,8 +27,11 @@ fast-path model runs its own forward on a batch without one).
 
 from __future__ import annotations
 
+import importlib.util
+from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import torch
 
@@ -45,6 +48,9 @@ from niels_gpt.model.padding import (
 
 if TYPE_CHECKING:
     from niels_gpt_contracts.sandbox._oracle_kit import Oracle
+
+COMBOS = ("combos",)  # spec axes these calls sweep (checks/coverage reads the literals)
+ERRORS = ("errors",)
 
 
 def _gpt(o: Oracle, cfg: ModelConfig, tag: str, dtype: torch.dtype, fast: bool) -> GPT:
@@ -236,7 +242,7 @@ def _rows_and_bad(o: Oracle) -> None:
         "positions": partial(apply_rope_rows, q, k, sin, cos, positions + 300),
     }
     for what, fn in cases.items():
-        o.call(f"bad/{what}", fn, desc=f"bad argument: {what}", stages=1, reduction=1)
+        o.call(f"bad/{what}", fn, desc=f"bad argument: {what}", stages=1, reduction=1, axes=ERRORS)
 
 
 COMBO_SPANS = ((3, 41, 48), (290, 30, 320))  # prompt width, new tokens, cfg.T
@@ -268,6 +274,7 @@ def _combos(o: Oracle) -> None:
                         stages=16,
                         reduction=cfg.T,
                         relations=same if fast and exact else (),
+                        axes=COMBOS,
                     )
                     if not exact:
                         continue
@@ -283,6 +290,7 @@ def _combos(o: Oracle) -> None:
                             stages=16,
                             reduction=cfg.T,
                             relations=[o.equal((name, "out", cols), (alone, "out", ()))],
+                            axes=COMBOS,
                         )
 
 
@@ -294,3 +302,29 @@ def calls(o: Oracle) -> None:
     _generate(o)
     _rows_and_bad(o)
     _combos(o)
+
+
+def _domain() -> Any:
+    """``padding_oracle_domain.py`` beside this file: 3.5's domain sweeps (``domain/...``)."""
+    path = Path(__file__).with_name("padding_oracle_domain.py")
+    spec = importlib.util.spec_from_file_location("_padding_oracle_domain", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_Driver = TypeVar("_Driver", bound="Callable[[Oracle], None]")
+
+
+def _then_domain(first: _Driver) -> _Driver:
+    """``first``'s calls, then the domain sweeps (3.5: added after the earlier calls, unchanged)."""
+
+    def both(o: Oracle) -> None:
+        first(o)
+        _domain().calls(o)
+
+    return cast(_Driver, both)
+
+
+calls = _then_domain(calls)
