@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import torch
-from benchmarks import experiments, report, run
+from benchmarks import decode, experiments, report, rope_autocast, run
 from benchmarks import train as bench_train
 from benchmarks.timing import Stat
 
@@ -126,12 +126,12 @@ def _measured_sections(monkeypatch: pytest.MonkeyPatch, stop_at: str | None) -> 
 
     monkeypatch.setattr(run, "matmul_peak", gives("matmul_peak_flops"))
     monkeypatch.setattr(run, "bench_rope", gives("rope"))
-    monkeypatch.setattr(run.rope_autocast, "bench", gives("rope_autocast"))
+    monkeypatch.setattr(rope_autocast, "bench", gives("rope_autocast"))
     monkeypatch.setattr(run, "bench_attention", gives("attention"))
     monkeypatch.setattr(run, "bench_train", gives("train"))
     monkeypatch.setattr(run, "bench_sweep", gives("sweep"))
-    monkeypatch.setattr(run.decode, "bench", gives("decode"))
-    monkeypatch.setattr(run.downstream, "bench", gives("experiments"))
+    monkeypatch.setattr(decode, "bench", gives("decode"))
+    monkeypatch.setattr(experiments, "bench", gives("experiments"))
 
 
 def test_each_section_is_printed_as_it_ends_so_a_stopped_run_keeps_it(
