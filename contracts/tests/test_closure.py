@@ -44,8 +44,14 @@ def test_a_fastpath_change_brings_the_stages_that_run_the_fast_path() -> None:
     uses = importers.uses(specs, tree)
     assert "fastpath" in uses["kv_cache"] and "fastpath" in uses["padding"]
     assert _ids(plan.closure({"fastpath"}, specs)) == ["fastpath"]  # depends_on alone
-    assert _ids(plan.closure({"fastpath"}, specs, uses)) == ["fastpath", "kv_cache", "padding"]
-    assert _ids(plan.closure({"padding"}, specs, uses)) == ["padding"]
+    assert _ids(plan.closure({"fastpath"}, specs, uses)) == [
+        "fastpath",
+        "kv_cache",
+        "padding",
+        "quant",  # its composition tests and driver run the fast path
+    ]
+    assert _ids(plan.closure({"padding"}, specs, uses)) == ["padding", "quant"]
+    assert _ids(plan.closure({"quant"}, specs, uses)) == ["quant"]
 
 
 def test_imports_anywhere_in_a_stage_count_and_strings_do_not() -> None:

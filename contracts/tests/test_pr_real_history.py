@@ -1,13 +1,14 @@
 """The spec decides, not history: a bug the base already has, judged by the float64 reference.
 
-The base of these scenarios carries an attention bug merged earlier: a query
-whose every key is masked (a left pad's row, or a row whose few visible keys a
-key mask hides) gets a softmax spread over masked keys instead of the zero row
-the spec promises. A PR that only edits a docstring keeps the base's answers; the reference,
-not the base, must decide (issue 28, item 3). And on padding (a leaf: no
-stage's calls run through it), a base whose padded loss divides by the batch
-size instead of the real tokens: the PR that fixes it changes the base's
-answers and is KEPT, judged by the reference on those calls.
+The base of the first scenario carries an attention bug merged earlier: a
+query whose every key is masked (a left pad's row, or a row whose few
+visible keys a key mask hides) gets a softmax spread over masked keys
+instead of the zero row the spec promises. A PR that only edits a docstring
+keeps the base's answers; the reference, not the base, must decide (issue
+28, item 3). The second's base, on padding (no stage of the scenario
+repository runs through it), divides the padded loss by the batch size
+instead of the real tokens: the PR that fixes it changes the base's answers
+and is KEPT, judged by the reference on those calls.
 """
 
 from __future__ import annotations
