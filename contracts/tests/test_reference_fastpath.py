@@ -1,54 +1,26 @@
 """fastpath's float64 reference (the fused kernel's contract) agrees with main, sees wrong kernels.
 
-Helper beyond refkit: ``_seen`` changes what refkit reads of the spec. A wrong
-stage runs only the calls that can show its bug, to keep the file short; the
-honest control runs every reference call with the stage's own references, as
-the verdict's reference worker loads them (``verdict/oracle.py``), at two seeds.
+A wrong stage runs only the calls that can show its bug (``refnarrow.patched``),
+to keep the file short; the honest control runs every reference call with the
+stage's own references, as the verdict's reference worker loads them
+(``verdict/oracle.py``), at two seeds.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import refkit
-
-from niels_gpt_contracts.spec import Spec
+import refnarrow
 
 KERNEL = "packages/fastpath/src/niels_gpt/model/fastpath/__init__.py"
 
 
-@contextmanager
-def _seen(
-    monkeypatch: pytest.MonkeyPatch,
-    calls: tuple[str, ...] | None = None,
-) -> Iterator[None]:
-    """refkit sees fastpath's ``reference_calls`` as ``calls`` (a subset of the spec's)."""
-    real = refkit.specs
-
-    def specs() -> dict[str, Spec]:
-        found = real()
-        spec = found["fastpath"]
-        assert spec.oracle is not None
-        oracle = spec.oracle
-        if calls is not None:
-            oracle = dataclasses.replace(oracle, reference_calls=calls)
-        found["fastpath"] = dataclasses.replace(spec, oracle=oracle)
-        return found
-
-    with monkeypatch.context() as m:
-        m.setattr(refkit, "specs", specs)
-        yield
-
-
 @pytest.mark.parametrize("seed", [7, 11])
-def test_main_agrees(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seed: int) -> None:
-    with _seen(monkeypatch):
-        got, want = refkit.answers("fastpath", seed, tmp_path)
-        found = refkit.judged("fastpath", got, want)
+def test_main_agrees(tmp_path: Path, seed: int) -> None:
+    got, want = refkit.answers("fastpath", seed, tmp_path)
+    found = refkit.judged("fastpath", got, want)
     assert found == []
 
 
@@ -73,8 +45,8 @@ WRONG = {
 def test_a_wrong_stage_differs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, wrong: str) -> None:
     calls, find, replace = WRONG[wrong]
     edit = {KERNEL: lambda s: s.replace(find, replace)}
-    with _seen(monkeypatch, calls):
-        got, want = refkit.answers("fastpath", 7, tmp_path, edits=edit)
-        found = refkit.judged("fastpath", got, want)
+    refnarrow.patched(monkeypatch, "fastpath", calls=calls)
+    got, want = refkit.answers("fastpath", 7, tmp_path, edits=edit)
+    found = refkit.judged("fastpath", got, want)
     # the reference sees it (the driver's own invariants may see it too)
     assert any(v.rule == "oracle.differs" for v in found), found

@@ -1,55 +1,27 @@
 """padding's float64 reference agrees with main on its reference calls and sees wrong stages.
 
-Helper beyond refkit: ``_seen`` changes what refkit reads of the spec. A wrong
-stage runs only the calls that can show its bug, to keep the file short; the
-honest control runs every reference call with the stage's own references, as
-the verdict's reference worker loads them (``verdict/oracle.py``), at two seeds.
+A wrong stage runs only the calls that can show its bug (``refnarrow.patched``),
+to keep the file short; the honest control runs every reference call with the
+stage's own references, as the verdict's reference worker loads them
+(``verdict/oracle.py``), at two seeds.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import refkit
-
-from niels_gpt_contracts.spec import Spec
+import refnarrow
 
 PADDING = "packages/padding/src/niels_gpt/model/padding/__init__.py"
 FRAME = "packages/padding/src/niels_gpt/model/_padding_frame/__init__.py"
 
 
-@contextmanager
-def _seen(
-    monkeypatch: pytest.MonkeyPatch,
-    calls: tuple[str, ...] | None = None,
-) -> Iterator[None]:
-    """refkit sees padding's ``reference_calls`` as ``calls`` (a subset of the spec's)."""
-    real = refkit.specs
-
-    def specs() -> dict[str, Spec]:
-        found = real()
-        spec = found["padding"]
-        assert spec.oracle is not None
-        oracle = spec.oracle
-        if calls is not None:
-            oracle = dataclasses.replace(oracle, reference_calls=calls)
-        found["padding"] = dataclasses.replace(spec, oracle=oracle)
-        return found
-
-    with monkeypatch.context() as m:
-        m.setattr(refkit, "specs", specs)
-        yield
-
-
 @pytest.mark.parametrize("seed", [7, 11])
-def test_main_agrees(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seed: int) -> None:
-    with _seen(monkeypatch):
-        got, want = refkit.answers("padding", seed, tmp_path)
-        found = refkit.judged("padding", got, want)
+def test_main_agrees(tmp_path: Path, seed: int) -> None:
+    got, want = refkit.answers("padding", seed, tmp_path)
+    found = refkit.judged("padding", got, want)
     assert found == []
 
 
@@ -90,8 +62,8 @@ WRONG = {
 def test_a_wrong_stage_differs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, wrong: str) -> None:
     calls, path, find, replace = WRONG[wrong]
     edit = {path: lambda s: s.replace(find, replace)}
-    with _seen(monkeypatch, (calls,)):
-        got, want = refkit.answers("padding", 7, tmp_path, edits=edit)
-        found = refkit.judged("padding", got, want)
+    refnarrow.patched(monkeypatch, "padding", calls=(calls,))
+    got, want = refkit.answers("padding", 7, tmp_path, edits=edit)
+    found = refkit.judged("padding", got, want)
     # the reference sees it (the driver's own invariants may see it too)
     assert any(v.rule == "oracle.differs" for v in found), found
