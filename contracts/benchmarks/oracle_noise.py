@@ -38,31 +38,24 @@ def _specs() -> dict[str, Spec]:
     return parse_specs(texts, load_schema((ROOT / "specs/spec.schema.json").read_text()))
 
 
-def _entry(spec: Spec, *, watch: bool = False, **run: list[str]) -> dict[str, object]:
-    """A worker's request entry; ``watch``: record the runtime rules' ops (the PR's side)."""
-    assert spec.oracle is not None
-    rules = {r.id: bool(r.params.get("casts")) for r in spec.rules if r.runtime} if watch else {}
-    return {
-        "stage": spec.id,
-        "file": str(ROOT / spec.oracle.driver_file),
-        "function": spec.oracle.function,
-        "watch": rules,
-        **run,
-    }
-
-
 def _jobs(specs: dict[str, Spec], stages: list[Spec], code: Path, seed: int) -> list[Job]:
-    modules = [
-        rel.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
-        for s in specs.values()
-        for rel in s.modules
-    ]
+    everyone = list(specs.values())
+    modules = oracle._modules(everyone, {f for s in everyone for f in s.module_files})
     names = sorted({m.split(".")[0] for m in modules})
     common = {"seed": seed, "names": names, "references": {}, "preload": modules}
     roots = sorted(code.glob("packages/*/src"))
     jobs = [
-        Job("head", roots, {**common, "drivers": [_entry(s, watch=True) for s in stages]}),
-        Job("base", roots, {**common, "drivers": [_entry(s) for s in stages]}, threads=1),
+        Job(
+            "head",
+            roots,
+            {**common, "drivers": [oracle._entry(s, ROOT, watch=True) for s in stages]},
+        ),
+        Job(
+            "base",
+            roots,
+            {**common, "drivers": [oracle._entry(s, ROOT) for s in stages]},
+            threads=1,
+        ),
     ]
     for spec in stages:
         assert spec.oracle is not None
@@ -73,7 +66,7 @@ def _jobs(specs: dict[str, Spec], stages: list[Spec], code: Path, seed: int) -> 
             **common,
             "preload": [],
             "references": refs,
-            "drivers": [_entry(spec, only=list(spec.oracle.reference_calls))],
+            "drivers": [oracle._entry(spec, ROOT, only=list(spec.oracle.reference_calls))],
         }
         jobs.append(Job(f"reference:{spec.id}", roots, request, threads=1))
     return jobs
