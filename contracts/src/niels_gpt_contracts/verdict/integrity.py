@@ -31,6 +31,7 @@ SANDBOX_ONLY = (
     "_bootstrap_site",
     "zygote",
     "_oracle_kit",
+    "driverkit",  # the drivers' typing face of _oracle_kit (torch)
     "_oracle_worker",
     "_oracle_aftermath",  # the worker's measurements (torch)
     "_oracle_capture",  # a reproducer's capture run (torch)
