@@ -21,6 +21,7 @@ list, or ``1`` for any): then the session fails with that line.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -28,6 +29,7 @@ import platform
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import nox
@@ -404,31 +406,75 @@ def mutants(session: nox.Session) -> None:
 
 @nox.session
 def build(session: nox.Session) -> None:
-    """Build one wheel per package (stages, checker, experiments, the app) into dist/."""
-    session.install("-c", str(CONSTRAINTS), "build", "hatchling")
+    """One wheel per package (stages, checker, experiments, the app) into dist/.
+
+    The same wheels the test sessions install (``build_wheels``): built once
+    for a source tree, then copied.
+    """
     dist = ROOT / "dist"
-    for project in (*PACKAGES, CONTRACTS, EXPERIMENTS, SERVE):
-        session.run(
-            "python",
-            "-m",
-            "build",
-            "--wheel",
-            "--no-isolation",
-            "--outdir",
-            str(dist),
-            str(project),
-        )
+    dist.mkdir(exist_ok=True)
+    for wheel in sorted(build_wheels(session).glob("*.whl")):
+        shutil.copy2(wheel, dist / wheel.name)
+    session.log(f"wheels in {dist}")
 
 
-def build_wheels(session: nox.Session, out: Path) -> Path:
-    """A wheel of every stage, the checker, the experiment and the app into a fresh ``out``."""
-    session.install("-c", str(CONSTRAINTS), "build", "hatchling")
-    shutil.rmtree(out, ignore_errors=True)
-    for project in (*PACKAGES, CONTRACTS, EXPERIMENTS, SERVE):
-        session.run(
-            "python", "-m", "build", "--wheel", "--no-isolation", "--outdir", str(out),
-            str(project), silent=True,
-        )  # fmt: skip
+PROJECTS = (*PACKAGES, CONTRACTS, EXPERIMENTS, SERVE)
+WHEELHOUSE = ROOT / ".nox" / "_wheelhouse"
+
+
+def _sources_fingerprint() -> str:
+    """Hash of every file a wheel may be built from: what git tracks or would track
+    (untracked but not ignored) under each project, by path and content."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--",
+         *(str(p.relative_to(ROOT)) for p in PROJECTS)],
+        cwd=ROOT, capture_output=True, check=True,
+    ).stdout.decode().split("\0")  # fmt: skip
+    digest = hashlib.sha256(CONSTRAINTS.read_bytes())
+    for rel in sorted(filter(None, listed)):
+        path = ROOT / rel
+        if path.is_file():  # listed but deleted in the working tree: not built from
+            digest.update(rel.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``path`` (POSIX; elsewhere no lock: one session at a time)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as handle:
+        if sys.platform != "win32":
+            import fcntl
+
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+
+
+def build_wheels(session: nox.Session) -> Path:
+    """A wheel of every stage, the checker, the experiment and the app; their folder.
+
+    Built once per source tree into ``.nox/_wheelhouse/<fingerprint>`` and reused
+    by every session that installs them (test-experiments, test-serve,
+    test-readmes, serve, build): the fingerprint covers every file git would
+    build from and the constraints, so an edit rebuilds. Sessions that start
+    together wait on a lock for one build. Older folders are removed.
+    """
+    wanted = _sources_fingerprint()
+    out = WHEELHOUSE / wanted[:16]
+    with _locked(WHEELHOUSE / ".lock"):
+        if (out / "complete").is_file():
+            session.log(f"wheels of this tree already built: {out}")
+            return out
+        for old in WHEELHOUSE.iterdir():
+            if old.is_dir():
+                shutil.rmtree(old, ignore_errors=True)
+        session.install("-c", str(CONSTRAINTS), "build", "hatchling")
+        for project in PROJECTS:
+            session.run(
+                "python", "-m", "build", "--wheel", "--no-isolation", "--outdir", str(out),
+                str(project), silent=True,
+            )  # fmt: skip
+        (out / "complete").write_text(wanted)
     return out
 
 
@@ -469,7 +515,7 @@ def test_readmes(session: nox.Session) -> None:
     files, and a ``bench --quick`` that writes nothing tracked with sane
     figures. Posargs go to pytest.
     """
-    wheels = build_wheels(session, Path(session.create_tmp()) / "wheels")
+    wheels = build_wheels(session)
     env = {**dev_env(session), "NIELS_GPT_WHEELS": str(wheels)}
     session.run(
         str(_bin_dir(DEV_ENV) / "pytest"), str(ROOT / "tests"), "-p", "no:cacheprovider",
@@ -499,7 +545,7 @@ def test_experiments(session: nox.Session) -> None:
     session.install("-c", str(CONSTRAINTS), "build", "hatchling", "mypy")
     tmp = Path(session.create_tmp()) / "experiments"
     shutil.rmtree(tmp, ignore_errors=True)
-    wheels, venv, work = build_wheels(session, tmp / "wheels"), tmp / "venv", tmp / "work"
+    wheels, venv, work = build_wheels(session), tmp / "venv", tmp / "work"
     python, env = wheel_venv(session, venv, wheels, "niels-gpt-experiments[test,plot]")
     bin_dir = _bin_dir(venv)
     probe = (
@@ -573,7 +619,7 @@ def test_serve(session: nox.Session) -> None:
     """
     tmp = Path(session.create_tmp()) / "serve"
     shutil.rmtree(tmp, ignore_errors=True)
-    wheels = build_wheels(session, tmp / "wheels")
+    wheels = build_wheels(session)
     python, env = wheel_venv(session, tmp / "venv", wheels, "niels-gpt-serve[test]")
     probe = (
         "import sys, niels_gpt.model.padding as p, niels_gpt_experiments.loading as e, "
@@ -597,7 +643,7 @@ def serve(session: nox.Session) -> None:
     reinstalled every time, so it serves the code you have. Without ``--checkpoint``
     it serves the demo model (``--demo``: trained once, for minutes, then kept).
     """
-    wheels = build_wheels(session, Path(session.create_tmp()) / "wheels")
+    wheels = build_wheels(session)
     session.install("-c", str(CONSTRAINTS), "--find-links", str(wheels), "niels-gpt-serve")
     ours = [str(w) for w in sorted(wheels.glob("*.whl")) if "contracts" not in w.name]
     session.install("--no-deps", "--force-reinstall", "--quiet", *ours)
