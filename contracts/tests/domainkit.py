@@ -17,7 +17,6 @@ from pathlib import Path
 import refkit
 
 from niels_gpt_contracts.result import Violation
-from niels_gpt_contracts.sandbox import oracle_run
 from niels_gpt_contracts.sandbox.environment import Sandbox
 from niels_gpt_contracts.sandbox.oracle_run import Job, Stream
 from niels_gpt_contracts.verdict.oracle_compare import Judge
@@ -57,11 +56,11 @@ def answers(
         "preload": refkit._preload(all_specs),
     }
     box = Sandbox.prepare(sys.executable, scratch / "box", names, threads=1)
-    jobs = [Job("main", refkit._code(scratch / "main", {}), request, threads=1)]
+    jobs = [(Job("main", refkit._code(scratch / "main", {}), request, threads=1), True)]
     if edits:
-        jobs.append(Job("broken", refkit._code(scratch / "broken", edits), request, threads=1))
-    streams, changed = oracle_run.run(box, jobs, timeout)
-    assert not changed, changed
+        broken = refkit._code(scratch / "broken", edits)
+        jobs.append((Job("broken", broken, request, threads=1), False))
+    streams = refkit.run(box, jobs, timeout)
     return streams[0], streams[1] if edits else Stream("broken")
 
 

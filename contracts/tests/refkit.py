@@ -7,14 +7,22 @@ stage (the proof that the reference can see a bug). ``answers`` starts the
 same workers ``verdict.oracle`` starts, from this checkout's tree: one on the
 real code (optionally edited), one on the reference, same seed; ``judged``
 compares them with the verdict's own ``Judge``.
+
+A worker on unedited code gives the same stream for the same request every
+time (draws are keyed by the seed), so ``run`` keeps such streams for the
+test process: the reference's answers at one seed are computed once for the
+honest control and every wrong stage, not once a test.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import shutil
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from niels_gpt_contracts.result import Violation
 from niels_gpt_contracts.sandbox import oracle_run
@@ -47,6 +55,36 @@ def _code(dest: Path, edits: Mapping[str, Edit]) -> list[Path]:
         assert after != before, f"the edit of {rel} changed nothing"
         path.write_text(after)
     return sorted(p for p in dest.glob("packages/*/src") if p.is_dir())
+
+
+# Streams of workers on unedited code, by request and the files it names (see ``run``).
+_UNEDITED: dict[str, Stream] = {}
+
+
+def _request_key(request: Mapping[str, Any]) -> str:
+    """A request and the content of every driver and reference file it names."""
+    digest = hashlib.sha256(json.dumps(request, sort_keys=True).encode())
+    files = [d["file"] for d in request["drivers"]] + sorted(request["references"].values())
+    for name in files:
+        digest.update(Path(name).read_bytes())
+    return digest.hexdigest()
+
+
+def run(box: Sandbox, jobs: Sequence[tuple[Job, bool]], timeout: float) -> list[Stream]:
+    """Each job's stream, in order; ``(job, unedited)``: an unedited job's stream is
+    taken from an earlier run of the same request in this process, or kept for the next."""
+    keys = [_request_key(job.request) if unedited else None for job, unedited in jobs]
+    todo = [i for i, key in enumerate(keys) if key is None or key not in _UNEDITED]
+    streams, changed = (
+        oracle_run.run(box, [jobs[i][0] for i in todo], timeout) if todo else ([], [])
+    )
+    assert not changed, changed
+    fresh = dict(zip(todo, streams, strict=True))
+    for i, stream in fresh.items():
+        key = keys[i]
+        if key is not None and stream.problem is None and stream.fatal is None:
+            _UNEDITED[key] = stream
+    return [fresh[i] if i in fresh else _UNEDITED[str(keys[i])] for i in range(len(jobs))]
 
 
 def _preload(all_specs: Mapping[str, Spec]) -> list[str]:
@@ -87,12 +125,9 @@ def answers(
     refs = {m: str(REPO / f) for m, f in spec.oracle.references.items()}
     ref = {**common, "references": refs, "preload": []}
     box = Sandbox.prepare(sys.executable, scratch / "box", names, threads=1)
-    jobs = [
-        Job("real", _code(scratch / "real", edits or {}), real, threads=1),
-        Job("reference", _code(scratch / "ref", {}), ref, threads=1),
-    ]
-    (got, want), changed = oracle_run.run(box, jobs, timeout)
-    assert not changed, changed
+    real_job = Job("real", _code(scratch / "real", edits or {}), real, threads=1)
+    ref_job = Job("reference", _code(scratch / "ref", {}), ref, threads=1)
+    got, want = run(box, [(real_job, not edits), (ref_job, True)], timeout)
     return got, want
 
 
