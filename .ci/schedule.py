@@ -1,0 +1,162 @@
+"""Run CI's nox sessions side by side on a small machine, each when what it needs is done.
+
+``.ci/run`` calls this after installing nox. Every session below runs as
+``nox -s NAME`` (with its arguments) once the sessions it ``needs`` have
+passed; at most ``--slots`` run at a time, started in the order listed, so
+the longest chains go first. A session's output goes to ``.ci-logs/NAME.log``
+and is printed whole when it ends, under a line with its wall time and the
+CPU it used. Every session runs unless one it needs failed; the exit status
+is 1 if any session failed or was not run, else 0.
+
+The CPU is counted in a cgroup v1 ``cpuacct`` group of the session's own
+where the machine allows it (root): it then covers every descendant,
+pytest-xdist's workers and the checker's sandbox workers included. Elsewhere
+only the wall time is printed. On a shared 2-core machine the CPU all
+sessions use together sets the run's length more than any one wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LOGS = ROOT / ".ci-logs"
+CPUACCT = Path("/sys/fs/cgroup/cpuacct")
+
+
+@dataclass(frozen=True)
+class Session:
+    """One ``nox -s`` call: its name, the arguments after ``--``, and what must pass first."""
+
+    name: str
+    args: tuple[str, ...] = ()
+    needs: tuple[str, ...] = ()
+
+
+# In starting order. lint builds the shared dev environment every other
+# session with "lint" in its needs runs in; the wheel sessions build their own
+# venvs (and the wheels, once, in .nox/_wheelhouse) and start at once.
+SESSIONS = (
+    Session("lint"),
+    Session("test-experiments"),
+    Session("test-contracts", needs=("lint",)),
+    Session("test-scenarios", ("-m", "smoke"), needs=("lint",)),
+    Session("mutants", needs=("lint",)),
+    Session("test-cpu", needs=("lint",)),
+    Session("test-mps", needs=("lint",)),
+    Session("contracts", needs=("test-cpu", "test-mps")),  # reads their reports
+    Session("test-workflow", needs=("lint",)),
+    Session("test-serve"),
+    Session("test-readmes", needs=("lint",)),
+    Session("typecheck", needs=("lint",)),
+    Session("test-hooks", needs=("lint",)),
+)
+
+
+@dataclass
+class Running:
+    """A started session: its process, log, start time and CPU group (if any)."""
+
+    session: Session
+    process: subprocess.Popen[bytes]
+    log: Path
+    started: float
+    group: Path | None = None
+
+
+def _group(name: str) -> Path | None:
+    """A fresh cpuacct group for one session, or None where none can be made."""
+    if not os.access(CPUACCT, os.W_OK):
+        return None
+    group = CPUACCT / f"ci-{os.getpid()}-{name}"
+    try:
+        group.mkdir()
+    except OSError:
+        return None
+    return group
+
+
+def start(session: Session) -> Running:
+    """``nox -s NAME [-- ARGS]`` with its output to its log, in its own CPU group."""
+    log = LOGS / f"{session.name}.log"
+    command = ["nox", "-s", session.name, *(("--", *session.args) if session.args else ())]
+    group = _group(session.name)
+
+    def enter_group() -> None:  # in the child, before exec: its descendants follow
+        if group is not None:
+            (group / "cgroup.procs").write_text(str(os.getpid()))
+
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, preexec_fn=enter_group
+        )
+    print(f"ci: started nox -s {session.name} {' '.join(session.args)}".rstrip(), flush=True)
+    return Running(session, process, log, time.monotonic(), group)
+
+
+def finish(run: Running, status: int) -> str:
+    """Print the ended session's log and its figures; return its one-line summary."""
+    wall = time.monotonic() - run.started
+    cpu = ""
+    if run.group is not None:
+        seconds = int((run.group / "cpuacct.usage").read_text()) / 1e9
+        cpu = f", {seconds:.1f} s CPU"
+        run.group.rmdir()
+    outcome = "passed" if status == 0 else f"FAILED (exit status {status})"
+    line = f"ci: nox -s {run.session.name} {outcome}: {wall:.0f} s wall{cpu}"
+    sys.stdout.write(f"===== {run.session.name} =====\n{run.log.read_text(errors='replace')}")
+    print(line, flush=True)
+    return line
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--slots", type=int, default=3, help="sessions at once (default 3)")
+    slots = parser.parse_args().slots
+    if slots < 1:
+        parser.error(f"--slots must be at least 1, got {slots}")
+    listed = [s.name for s in SESSIONS]
+    for i, session in enumerate(SESSIONS):  # needs name earlier sessions: nothing waits forever
+        unknown = set(session.needs) - set(listed[:i])
+        if unknown:
+            parser.error(f"{session.name} needs {sorted(unknown)}, not listed before it")
+    LOGS.mkdir(exist_ok=True)
+    began = time.monotonic()
+    waiting, running = list(SESSIONS), list[Running]()
+    passed: set[str] = set()
+    failed: set[str] = set()
+    summary: list[str] = []
+    while waiting or running:
+        for session in [s for s in waiting if failed & set(s.needs)]:
+            waiting.remove(session)
+            failed.add(session.name)
+            summary.append(f"ci: nox -s {session.name} NOT RUN: a session it needs failed")
+            print(summary[-1], flush=True)
+        for session in [s for s in waiting if set(s.needs) <= passed][: slots - len(running)]:
+            waiting.remove(session)
+            running.append(start(session))
+        ended = [(run, run.process.poll()) for run in running]
+        for run, status in ended:
+            if status is None:
+                continue
+            running.remove(run)
+            summary.append(finish(run, status))
+            (passed if status == 0 else failed).add(run.session.name)
+            if status == 0:  # its venvs and scratch are never reused by this run
+                shutil.rmtree(ROOT / ".nox" / run.session.name / "tmp", ignore_errors=True)
+        if all(status is None for _, status in ended):
+            time.sleep(1)
+    print(f"===== summary: {time.monotonic() - began:.0f} s =====")
+    print("\n".join(summary), flush=True)
+    return 0 if passed == {s.name for s in SESSIONS} else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
