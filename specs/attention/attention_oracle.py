@@ -39,7 +39,7 @@ from niels_gpt.config import ModelConfig
 from niels_gpt.model.attention import CausalSelfAttention
 
 if TYPE_CHECKING:
-    from niels_gpt_contracts.sandbox._oracle_kit import Oracle
+    from niels_gpt_contracts.driverkit import Oracle
 
 RULES = ("no-sdpa-runtime",)
 PROBS = 1 << 19  # most (B, H, T, T) probabilities one call returns: 4 MB in float64

@@ -28,7 +28,7 @@ from niels_gpt.model.blocks import MLP, Block, RMSNorm
 from niels_gpt.model.gpt import GPT
 
 if TYPE_CHECKING:
-    from niels_gpt_contracts.sandbox._oracle_kit import Oracle
+    from niels_gpt_contracts.driverkit import Oracle
 
 RULES = ("no-sdpa-runtime",)
 EDGES = (1, 2, 127, 128, 129, 255, 256, 257, 511, 512, 513, 1024)

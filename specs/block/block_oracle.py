@@ -25,7 +25,7 @@ from niels_gpt.config import ModelConfig
 from niels_gpt.model.block_v0 import MLP, Block
 
 if TYPE_CHECKING:
-    from niels_gpt_contracts.sandbox._oracle_kit import Oracle
+    from niels_gpt_contracts.driverkit import Oracle
 
 RULES = ("no-sdpa-runtime",)
 EDGES = (1, 2, 127, 128, 129, 255, 256, 257, 511, 512, 513, 1024)

@@ -51,7 +51,7 @@ from niels_gpt.model.kv_cache import (
 )
 
 if TYPE_CHECKING:
-    from niels_gpt_contracts.sandbox._oracle_kit import Oracle
+    from niels_gpt_contracts.driverkit import Oracle
 
 DECODE, GENERATE = ("no-cat-on-decode",), ("no-cat-in-generate",)
 COMBOS = ("combos",)  # spec axes these calls sweep (checks/coverage reads the literals)

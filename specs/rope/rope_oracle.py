@@ -22,7 +22,7 @@ import torch
 import niels_gpt.model.rope as rope
 
 if TYPE_CHECKING:
-    from niels_gpt_contracts.sandbox._oracle_kit import Oracle
+    from niels_gpt_contracts.driverkit import Oracle
 
 DTYPES = (torch.float64, torch.float32, torch.bfloat16, torch.float16)
 
