@@ -1,0 +1,77 @@
+"""The padding stage's maintainers' kit: builders its acceptance tests share.
+
+Where it lives, and why here. One kit for every stage (``specs/_kit/``) is
+the aim, but the checker as it is cannot hold it honestly: a verdict writes
+into its sandbox only ``specs/<stage>/`` of the stages in its closure
+(``verdict/files.py``, ``verdict/oracle.py``, ``verdict/plan.py``), so a
+shared folder would be missing there, and the amendment check charges a
+path under ``specs/`` to the stage its second part names
+(``checks/amendment.py``), so a shared file could not be amended at all.
+Kept inside ``specs/padding/tests/``, this file is written beside the tests
+in every verdict that runs them, and an edit of it is an edit of this
+stage's acceptance tests, judged (BREAKING: edited evidence) by the
+amendment check with the tests that load it.
+
+How it is loaded: by path, ``Path(__file__).with_name("_kit.py")``, because
+pytest runs with ``--import-mode=importlib`` and puts no test folder on
+``sys.path``. It is no test file (pytest does not collect it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from niels_gpt.config import ModelConfig
+from niels_gpt.model.fastpath import use_fast_attention
+from niels_gpt.model.gpt import GPT
+
+Tol = Callable[[torch.dtype], dict[str, float]]
+Randomise = Callable[[torch.nn.Module, int], None]
+
+
+def model(
+    cfg: ModelConfig,
+    device: torch.device,
+    dtype: torch.dtype,
+    randomise: Randomise,
+    seed: int = 0,
+    fast: bool = False,
+) -> GPT:
+    """A GPT with drawn weights, in ``dtype`` on ``device``, in eval mode; the fast path on."""
+    gpt = GPT(cfg)
+    randomise(gpt, seed)
+    gpt.to(device=device, dtype=dtype).eval()
+    return use_fast_attention(gpt) if fast else gpt  # type: ignore[return-value]
+
+
+def tokens(cfg: ModelConfig, B: int, t: int, seed: int, device: torch.device) -> torch.Tensor:
+    """(B, t) token ids below ``cfg.V``, drawn from ``seed``."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, cfg.V, (B, t), generator=gen).to(device)  # (B, t)
+
+
+def mask(pads: list[int], t: int, device: torch.device) -> torch.Tensor:
+    """The (B, t) left-padding mask: row b is False on its first pads[b] columns."""
+    cols = torch.arange(t)  # (t,)
+    return (cols[None, :] >= torch.tensor(pads)[:, None]).to(device)  # (B, t) bool
+
+
+def state(gpt: GPT) -> tuple[list[Any], list[bool], dict[str, torch.Tensor]]:
+    """What a call must hand back unchanged: module classes and attributes, modes, weights."""
+    return (
+        [(type(m), sorted(vars(m))) for m in gpt.modules()],
+        [m.training for m in gpt.modules()],
+        {k: v.clone() for k, v in gpt.state_dict().items()},
+    )
+
+
+def assert_same_state(gpt: GPT, before: tuple[Any, ...]) -> None:
+    """``gpt`` is as ``state`` found it."""
+    classes, flags, weights = state(gpt)
+    assert classes == before[0]
+    assert flags == before[1]
+    for k, v in weights.items():
+        assert torch.equal(v, before[2][k]), k
