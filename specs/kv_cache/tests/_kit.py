@@ -1,20 +1,10 @@
-"""The kv_cache stage's maintainers' kit: builders and the float64 filter its tests share.
+"""The kv_cache stage's kit: model and token builders, and the float64 filter.
 
-Where it lives, and why here. One kit for every stage (``specs/_kit/``) is
-the aim, but the checker as it is cannot hold it honestly: a verdict writes
-into its sandbox only ``specs/<stage>/`` of the stages in its closure
-(``verdict/files.py``, ``verdict/oracle.py``, ``verdict/plan.py``), so a
-shared folder would be missing there, and the amendment check charges a
-path under ``specs/`` to the stage its second part names
-(``checks/amendment.py``), so a shared file could not be amended at all.
-Kept inside ``specs/kv_cache/tests/``, this file is written beside the tests
-in every verdict that runs them, and an edit of it is an edit of this
-stage's acceptance tests, judged (BREAKING: edited evidence) by the
-amendment check with the tests that load it.
-
-How it is loaded: by path, ``Path(__file__).with_name("_kit.py")``, because
-pytest runs with ``--import-mode=importlib`` and puts no test folder on
-``sys.path``. It is no test file (pytest does not collect it).
+Its acceptance tests load it by path (``Path(__file__).with_name``): no test
+folder is on ``sys.path``. It lives in this stage's folder because that is
+what a verdict writes into its sandbox with the tests, and what the
+amendment check judges as kv_cache's evidence: an edit of it is an amendment
+of this stage, like an edit of the tests that use it.
 """
 
 from __future__ import annotations

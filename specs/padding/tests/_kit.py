@@ -1,20 +1,12 @@
-"""The padding stage's maintainers' kit: builders its acceptance tests share.
+"""The padding stage's kit: the builders its acceptance tests share.
 
-Where it lives, and why here. One kit for every stage (``specs/_kit/``) is
-the aim, but the checker as it is cannot hold it honestly: a verdict writes
-into its sandbox only ``specs/<stage>/`` of the stages in its closure
-(``verdict/files.py``, ``verdict/oracle.py``, ``verdict/plan.py``), so a
-shared folder would be missing there, and the amendment check charges a
-path under ``specs/`` to the stage its second part names
-(``checks/amendment.py``), so a shared file could not be amended at all.
-Kept inside ``specs/padding/tests/``, this file is written beside the tests
-in every verdict that runs them, and an edit of it is an edit of this
-stage's acceptance tests, judged (BREAKING: edited evidence) by the
-amendment check with the tests that load it.
-
-How it is loaded: by path, ``Path(__file__).with_name("_kit.py")``, because
-pytest runs with ``--import-mode=importlib`` and puts no test folder on
-``sys.path``. It is no test file (pytest does not collect it).
+Why this folder and not one kit for every stage: a verdict copies into its
+sandbox only ``specs/<stage>/`` of the stages it runs, and the amendment
+check charges each path under ``specs/`` to the stage it names. Here the kit
+is always written beside the tests that load it, and an edit of it is an
+amendment of padding, judged like an edit of those tests. The tests load it
+by path (pytest's importlib mode puts no test folder on ``sys.path``);
+pytest does not collect it.
 """
 
 from __future__ import annotations
