@@ -14,9 +14,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 import torch
 
 from niels_gpt.config import ModelConfig
+from niels_gpt.model.attention import CausalSelfAttention
 from niels_gpt.model.fastpath import use_fast_attention
 from niels_gpt.model.gpt import GPT
 
@@ -67,3 +69,20 @@ def assert_same_state(gpt: GPT, before: tuple[Any, ...]) -> None:
     assert flags == before[1]
     for k, v in weights.items():
         assert torch.equal(v, before[2][k]), k
+
+
+def watch_attention_writes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Record every attribute write on an attention module (``__class__`` included).
+
+    Switching a module in place or attaching a cache writes to it; "before any
+    module changes" means none of that happens before an error, even where the
+    module would be handed back afterwards.
+    """
+    writes: list[str] = []
+
+    def spy(module: torch.nn.Module, name: str, value: Any) -> None:
+        writes.append(f"{type(module).__name__}.{name}")
+        torch.nn.Module.__setattr__(module, name, value)
+
+    monkeypatch.setattr(CausalSelfAttention, "__setattr__", spy)
+    return writes

@@ -674,23 +674,6 @@ def _bad_calls(device: torch.device) -> dict[str, tuple[Any, Any, dict[str, Any]
     }
 
 
-def _watch_attention_writes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Record every attribute write on an attention module (``__class__`` included).
-
-    An in-place switch must write to the module (its class or an attribute);
-    "before any module changes" means none of that happens before an error,
-    even where the module would be handed back afterwards.
-    """
-    writes: list[str] = []
-
-    def spy(module: torch.nn.Module, name: str, value: Any) -> None:
-        writes.append(f"{type(module).__name__}.{name}")
-        torch.nn.Module.__setattr__(module, name, value)
-
-    monkeypatch.setattr(CausalSelfAttention, "__setattr__", spy)
-    return writes
-
-
 @pytest.mark.invariant("padding.rejects_bad_input")
 @pytest.mark.invariant("padding.leaves_model")
 @pytest.mark.parametrize("case", sorted(_bad_calls(torch.device("cpu"))))
@@ -700,7 +683,7 @@ def test_padded_forward_rejects_bad_input_before_any_work(
     ids, mask, kwargs, needles = _bad_calls(device)[case]
     model = kit.model(BAD_CFG, device, torch.float32, randomise, 0)
     before = kit.state(model)
-    writes = _watch_attention_writes(monkeypatch)
+    writes = kit.watch_attention_writes(monkeypatch)
     forwards: list[str] = []
     handles = [
         module.register_forward_pre_hook(lambda m, a: forwards.append(type(m).__name__))
