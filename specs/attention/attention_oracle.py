@@ -28,10 +28,9 @@ and judged): every one but seven in eight of the float64 sweep.
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -39,7 +38,7 @@ from niels_gpt.config import ModelConfig
 from niels_gpt.model.attention import CausalSelfAttention
 
 if TYPE_CHECKING:
-    from niels_gpt_contracts.sandbox._oracle_kit import Oracle
+    from niels_gpt_contracts.driverkit import Oracle
 
 RULES = ("no-sdpa-runtime",)
 PROBS = 1 << 19  # most (B, H, T, T) probabilities one call returns: 4 MB in float64
@@ -292,10 +291,10 @@ def _bad_inputs(o: Oracle) -> None:
         )
 
 
-def _v2() -> Any:
-    """``attention_oracle_v2.py`` beside this file: the calls attention 1.1 added."""
-    path = Path(__file__).with_name("attention_oracle_v2.py")
-    spec = importlib.util.spec_from_file_location("_attention_oracle_v2", path)
+def _beside(name: str) -> Any:
+    """``<name>.py`` beside this file, loaded by path (the worker puts no folder on sys.path)."""
+    path = Path(__file__).with_name(f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"_{name}", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -303,36 +302,11 @@ def _v2() -> Any:
 
 
 def calls(o: Oracle) -> None:
-    """Every call of the attention stage's oracle."""
+    """Every call of the attention stage's oracle, its domain sweeps last."""
     _sweep(o)
     for i in range(4):
         _one_config(o, i)
     _mixed(o)
     _bad_inputs(o)
-    _v2().calls(o)
-
-
-def _domain() -> Any:
-    """``attention_oracle_domain.py`` beside this file: 2.2's domain sweeps (``domain/...``)."""
-    path = Path(__file__).with_name("attention_oracle_domain.py")
-    spec = importlib.util.spec_from_file_location("_attention_oracle_domain", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-_Driver = TypeVar("_Driver", bound="Callable[[Oracle], None]")
-
-
-def _then_domain(first: _Driver) -> _Driver:
-    """``first``'s calls, then the domain sweeps (2.2: added after 2.0's calls, unchanged)."""
-
-    def both(o: Oracle) -> None:
-        first(o)
-        _domain().calls(o)
-
-    return cast(_Driver, both)
-
-
-calls = _then_domain(calls)
+    _beside("attention_oracle_v2").calls(o)
+    _beside("attention_oracle_domain").calls(o)

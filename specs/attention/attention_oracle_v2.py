@@ -34,7 +34,7 @@ from niels_gpt.config import ModelConfig
 from niels_gpt.model.attention import CausalSelfAttention, KVCache
 
 if TYPE_CHECKING:
-    from niels_gpt_contracts.sandbox._oracle_kit import Oracle
+    from niels_gpt_contracts.driverkit import Oracle
 
 RULES = ("no-sdpa-extended",)
 PROBS = 1 << 18  # most probabilities one call returns

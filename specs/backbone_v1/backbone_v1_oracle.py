@@ -15,10 +15,9 @@ GPT calls fall under ``no-sdpa-runtime``.
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -28,7 +27,7 @@ from niels_gpt.model.blocks import MLP, Block, RMSNorm
 from niels_gpt.model.gpt import GPT
 
 if TYPE_CHECKING:
-    from niels_gpt_contracts.sandbox._oracle_kit import Oracle
+    from niels_gpt_contracts.driverkit import Oracle
 
 RULES = ("no-sdpa-runtime",)
 EDGES = (1, 2, 127, 128, 129, 255, 256, 257, 511, 512, 513, 1024)
@@ -221,34 +220,19 @@ def _parts(o: Oracle) -> None:
     )
 
 
-def calls(o: Oracle) -> None:
-    """Every call of the backbone_v1 stage's oracle."""
-    for i in range(4):
-        _one(o, i)
-    _parts(o)
-
-
-def _domain() -> Any:
-    """``backbone_v1_oracle_domain.py`` beside this file: 2.4's domain sweeps (``domain/...``)."""
-    path = Path(__file__).with_name("backbone_v1_oracle_domain.py")
-    spec = importlib.util.spec_from_file_location("_backbone_v1_oracle_domain", path)
+def _beside(name: str) -> Any:
+    """``<name>.py`` beside this file, loaded by path (the worker puts no folder on sys.path)."""
+    path = Path(__file__).with_name(f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"_{name}", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-_Driver = TypeVar("_Driver", bound="Callable[[Oracle], None]")
-
-
-def _then_domain(first: _Driver) -> _Driver:
-    """``first``'s calls, then the domain sweeps (2.4: added after the earlier calls, unchanged)."""
-
-    def both(o: Oracle) -> None:
-        first(o)
-        _domain().calls(o)
-
-    return cast(_Driver, both)
-
-
-calls = _then_domain(calls)
+def calls(o: Oracle) -> None:
+    """Every call of the backbone_v1 stage's oracle, its domain sweeps last."""
+    for i in range(4):
+        _one(o, i)
+    _parts(o)
+    _beside("backbone_v1_oracle_domain").calls(o)

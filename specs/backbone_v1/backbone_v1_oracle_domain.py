@@ -36,7 +36,7 @@ from niels_gpt.model.blocks import MLP, Block, RMSNorm
 from niels_gpt.model.gpt import GPT
 
 if TYPE_CHECKING:
-    from niels_gpt_contracts.sandbox._oracle_kit import Oracle
+    from niels_gpt_contracts.driverkit import Oracle
 
 SCALES = (1.0, 10.0, 30.0, 100.0, 1000.0)
 TRAINING_CALLS = 2100

@@ -34,7 +34,7 @@ from niels_gpt.config import ModelConfig
 from niels_gpt.model.block_v0 import MLP, Block
 
 if TYPE_CHECKING:
-    from niels_gpt_contracts.sandbox._oracle_kit import Oracle
+    from niels_gpt_contracts.driverkit import Oracle
 
 SCALES = (1.0, 10.0, 30.0, 100.0, 1000.0)
 TRAINING_CALLS = 2100

@@ -21,10 +21,9 @@ answers, each cached run must equal the same columns of one uncached call
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -38,7 +37,7 @@ from niels_gpt.model.fastpath import (
 from niels_gpt.model.gpt import GPT
 
 if TYPE_CHECKING:
-    from niels_gpt_contracts.sandbox._oracle_kit import Oracle
+    from niels_gpt_contracts.driverkit import Oracle
 
 COMBOS = ("combos",)  # spec axes these calls sweep (checks/coverage reads the literals)
 ERRORS = ("errors",)
@@ -238,34 +237,19 @@ def _cached(o: Oracle) -> None:
         use_explicit_attention(attn)
 
 
-def calls(o: Oracle) -> None:
-    """Every call of the fastpath stage's oracle."""
-    _attention(o)
-    _switch(o)
-    _cached(o)
-
-
-def _domain() -> Any:
-    """``fastpath_oracle_domain.py`` beside this file: 3.4's domain sweeps (``domain/...``)."""
-    path = Path(__file__).with_name("fastpath_oracle_domain.py")
-    spec = importlib.util.spec_from_file_location("_fastpath_oracle_domain", path)
+def _beside(name: str) -> Any:
+    """``<name>.py`` beside this file, loaded by path (the worker puts no folder on sys.path)."""
+    path = Path(__file__).with_name(f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"_{name}", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-_Driver = TypeVar("_Driver", bound="Callable[[Oracle], None]")
-
-
-def _then_domain(first: _Driver) -> _Driver:
-    """``first``'s calls, then the domain sweeps (3.4: added after the earlier calls, unchanged)."""
-
-    def both(o: Oracle) -> None:
-        first(o)
-        _domain().calls(o)
-
-    return cast(_Driver, both)
-
-
-calls = _then_domain(calls)
+def calls(o: Oracle) -> None:
+    """Every call of the fastpath stage's oracle, its domain sweeps last."""
+    _attention(o)
+    _switch(o)
+    _cached(o)
+    _beside("fastpath_oracle_domain").calls(o)

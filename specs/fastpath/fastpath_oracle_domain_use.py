@@ -29,7 +29,7 @@ from niels_gpt.model.fastpath import (
 from niels_gpt.model.gpt import GPT
 
 if TYPE_CHECKING:
-    from niels_gpt_contracts.sandbox._oracle_kit import Oracle
+    from niels_gpt_contracts.driverkit import Oracle
 
 
 def _kit() -> Any:

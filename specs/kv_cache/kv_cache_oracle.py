@@ -32,10 +32,9 @@ calls under ``no-cat-in-generate`` (their ops are recorded).
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -51,7 +50,7 @@ from niels_gpt.model.kv_cache import (
 )
 
 if TYPE_CHECKING:
-    from niels_gpt_contracts.sandbox._oracle_kit import Oracle
+    from niels_gpt_contracts.driverkit import Oracle
 
 DECODE, GENERATE = ("no-cat-on-decode",), ("no-cat-in-generate",)
 COMBOS = ("combos",)  # spec axes these calls sweep (checks/coverage reads the literals)
@@ -339,37 +338,22 @@ def _combos(o: Oracle) -> None:
                     )
 
 
-def calls(o: Oracle) -> None:
-    """Every call of the kv_cache stage's oracle."""
-    for run in range(6):
-        _chunks(o, run)
-    _traces(o)
-    _generate(o)
-    _filters_and_bad(o)
-    _combos(o)
-
-
-def _domain() -> Any:
-    """``kv_cache_oracle_domain.py`` beside this file: 4.6's domain sweeps (``domain/...``)."""
-    path = Path(__file__).with_name("kv_cache_oracle_domain.py")
-    spec = importlib.util.spec_from_file_location("_kv_cache_oracle_domain", path)
+def _beside(name: str) -> Any:
+    """``<name>.py`` beside this file, loaded by path (the worker puts no folder on sys.path)."""
+    path = Path(__file__).with_name(f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"_{name}", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-_Driver = TypeVar("_Driver", bound="Callable[[Oracle], None]")
-
-
-def _then_domain(first: _Driver) -> _Driver:
-    """``first``'s calls, then the domain sweeps (4.6: added after the earlier calls, unchanged)."""
-
-    def both(o: Oracle) -> None:
-        first(o)
-        _domain().calls(o)
-
-    return cast(_Driver, both)
-
-
-calls = _then_domain(calls)
+def calls(o: Oracle) -> None:
+    """Every call of the kv_cache stage's oracle, its domain sweeps last."""
+    for run in range(6):
+        _chunks(o, run)
+    _traces(o)
+    _generate(o)
+    _filters_and_bad(o)
+    _combos(o)
+    _beside("kv_cache_oracle_domain").calls(o)

@@ -51,7 +51,7 @@ from niels_gpt.model.kv_cache import (
 )
 
 if TYPE_CHECKING:
-    from niels_gpt_contracts.sandbox._oracle_kit import Oracle
+    from niels_gpt_contracts.driverkit import Oracle
 
 SCALES = (1.0, 10.0, 30.0, 100.0, 1000.0)
 LOGIT_SCALES = (1.0, 1e3, 1e30, 1e300)

@@ -30,7 +30,7 @@ from niels_gpt.model.kv_cache import (
 )
 
 if TYPE_CHECKING:
-    from niels_gpt_contracts.sandbox._oracle_kit import Oracle
+    from niels_gpt_contracts.driverkit import Oracle
 
 
 def _kit() -> Any:

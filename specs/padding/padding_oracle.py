@@ -28,10 +28,9 @@ fast-path model runs its own forward on a batch without one).
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -47,7 +46,7 @@ from niels_gpt.model.padding import (
 )
 
 if TYPE_CHECKING:
-    from niels_gpt_contracts.sandbox._oracle_kit import Oracle
+    from niels_gpt_contracts.driverkit import Oracle
 
 COMBOS = ("combos",)  # spec axes these calls sweep (checks/coverage reads the literals)
 ERRORS = ("errors",)
@@ -294,37 +293,22 @@ def _combos(o: Oracle) -> None:
                         )
 
 
-def calls(o: Oracle) -> None:
-    """Every call of the padding stage's oracle."""
-    for i in range(6):
-        _forward(o, i)
-    _loss(o)
-    _generate(o)
-    _rows_and_bad(o)
-    _combos(o)
-
-
-def _domain() -> Any:
-    """``padding_oracle_domain.py`` beside this file: 3.5's domain sweeps (``domain/...``)."""
-    path = Path(__file__).with_name("padding_oracle_domain.py")
-    spec = importlib.util.spec_from_file_location("_padding_oracle_domain", path)
+def _beside(name: str) -> Any:
+    """``<name>.py`` beside this file, loaded by path (the worker puts no folder on sys.path)."""
+    path = Path(__file__).with_name(f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"_{name}", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-_Driver = TypeVar("_Driver", bound="Callable[[Oracle], None]")
-
-
-def _then_domain(first: _Driver) -> _Driver:
-    """``first``'s calls, then the domain sweeps (3.5: added after the earlier calls, unchanged)."""
-
-    def both(o: Oracle) -> None:
-        first(o)
-        _domain().calls(o)
-
-    return cast(_Driver, both)
-
-
-calls = _then_domain(calls)
+def calls(o: Oracle) -> None:
+    """Every call of the padding stage's oracle, its domain sweeps last."""
+    for i in range(6):
+        _forward(o, i)
+    _loss(o)
+    _generate(o)
+    _rows_and_bad(o)
+    _combos(o)
+    _beside("padding_oracle_domain").calls(o)

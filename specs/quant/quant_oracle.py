@@ -42,7 +42,7 @@ from niels_gpt.model.padding import padded_forward
 from niels_gpt.model.quant import Int8Linear, quantize_int8, quantize_linear, quantize_weight
 
 if TYPE_CHECKING:
-    from niels_gpt_contracts.sandbox._oracle_kit import Oracle
+    from niels_gpt_contracts.driverkit import Oracle
 
 MAGNITUDES = (1e-3, 1.0, 1e3)
 DTYPES = ((torch.float32, "f32"), (torch.float64, "f64"), (torch.bfloat16, "bf16"))

@@ -12,17 +12,16 @@ base's.
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 import niels_gpt.model.rope as rope
 
 if TYPE_CHECKING:
-    from niels_gpt_contracts.sandbox._oracle_kit import Oracle
+    from niels_gpt_contracts.driverkit import Oracle
 
 DTYPES = (torch.float64, torch.float32, torch.bfloat16, torch.float16)
 
@@ -83,34 +82,19 @@ def _bad(o: Oracle) -> None:
         o.call(f"bad/{what}", fn, desc=f"bad input: {what}", stages=1, reduction=1)
 
 
-def calls(o: Oracle) -> None:
-    """Every call of the rope stage's oracle."""
-    _tables(o)
-    _rotations(o)
-    _bad(o)
-
-
-def _domain() -> Any:
-    """``rope_oracle_domain.py`` beside this file: 1.4's domain sweeps (``domain/...``)."""
-    path = Path(__file__).with_name("rope_oracle_domain.py")
-    spec = importlib.util.spec_from_file_location("_rope_oracle_domain", path)
+def _beside(name: str) -> Any:
+    """``<name>.py`` beside this file, loaded by path (the worker puts no folder on sys.path)."""
+    path = Path(__file__).with_name(f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"_{name}", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-_Driver = TypeVar("_Driver", bound="Callable[[Oracle], None]")
-
-
-def _then_domain(first: _Driver) -> _Driver:
-    """``first``'s calls, then the domain sweeps (1.4: added after the earlier calls, unchanged)."""
-
-    def both(o: Oracle) -> None:
-        first(o)
-        _domain().calls(o)
-
-    return cast(_Driver, both)
-
-
-calls = _then_domain(calls)
+def calls(o: Oracle) -> None:
+    """Every call of the rope stage's oracle, its domain sweeps last."""
+    _tables(o)
+    _rotations(o)
+    _bad(o)
+    _beside("rope_oracle_domain").calls(o)

@@ -29,7 +29,7 @@ import torch
 import niels_gpt.model.rope as rope
 
 if TYPE_CHECKING:
-    from niels_gpt_contracts.sandbox._oracle_kit import Oracle
+    from niels_gpt_contracts.driverkit import Oracle
 
 SCALES = (1.0, 10.0, 30.0, 100.0, 1000.0, 1e6)
 CALLS = 2100

@@ -9,9 +9,11 @@ same model's no-cache forward on the whole sequence, taken before the switch
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,31 +25,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import niels_gpt.model.rope as rope
 from niels_gpt.checks import InputError
 from niels_gpt.config import ModelConfig
-from niels_gpt.model.fastpath import use_fast_attention
 from niels_gpt.model.gpt import GPT
 from niels_gpt.model.kv_cache import use_kv_cache
 
-Tol = Callable[[torch.dtype], dict[str, float]]
-Randomise = Callable[[torch.nn.Module, int], None]
-
-
-def _model(
-    cfg: ModelConfig,
-    device: torch.device,
-    dtype: torch.dtype,
-    randomise: Randomise,
-    seed: int = 0,
-    fast: bool = False,
-) -> GPT:
-    model = GPT(cfg)
-    randomise(model, seed)
-    model.to(device=device, dtype=dtype).eval()
-    return use_fast_attention(model) if fast else model  # type: ignore[return-value]
-
-
-def _tokens(cfg: ModelConfig, B: int, t: int, seed: int, device: torch.device) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(seed)
-    return torch.randint(0, cfg.V, (B, t), generator=gen).to(device)  # (B, t)
+_SPEC = importlib.util.spec_from_file_location("kv_cache_kit", Path(__file__).with_name("_kit.py"))
+assert _SPEC is not None and _SPEC.loader is not None
+kit = importlib.util.module_from_spec(_SPEC)  # the stage's shared builders (_kit.py)
+_SPEC.loader.exec_module(kit)
 
 
 def _split(total: int, cuts: list[int]) -> list[int]:
@@ -84,8 +68,8 @@ def configs(draw: st.DrawFn) -> ModelConfig:
 def test_chunks_match_the_no_cache_forward(
     device: torch.device,
     float_dtypes: tuple[torch.dtype, ...],
-    tol: Tol,
-    randomise: Randomise,
+    tol: kit.Tol,
+    randomise: kit.Randomise,
     cfg: ModelConfig,
     B: int,
     fast: bool,
@@ -95,8 +79,8 @@ def test_chunks_match_the_no_cache_forward(
     dtype = data.draw(st.sampled_from(float_dtypes))
     total = data.draw(st.integers(1, cfg.T))
     chunks = _split(total, data.draw(st.lists(st.integers(1, cfg.T), max_size=4)))
-    model = _model(cfg, device, dtype, randomise, seed, fast)
-    x = _tokens(cfg, B, total, seed, device)  # (B, total)
+    model = kit.model(cfg, device, dtype, randomise, seed, fast)
+    x = kit.tokens(cfg, B, total, seed, device)  # (B, total)
     with torch.no_grad():
         full = model(x)  # (B, total, V), no cache
         caches = use_kv_cache(model, B)
@@ -114,14 +98,14 @@ def test_chunks_match_the_no_cache_forward(
 def test_prefill_then_one_token_steps_match(
     device: torch.device,
     float_dtypes: tuple[torch.dtype, ...],
-    tol: Tol,
-    randomise: Randomise,
+    tol: kit.Tol,
+    randomise: kit.Randomise,
     fast: bool,
 ) -> None:
     cfg = ModelConfig(V=53, T=24, C=32, L=3, H=4, d_ff=40, dropout=0.1, rope_theta=211.0)
     for dtype in float_dtypes:
-        model = _model(cfg, device, dtype, randomise, 11, fast)
-        x = _tokens(cfg, 2, cfg.T, 5, device)  # (B, T): every position, up to the last
+        model = kit.model(cfg, device, dtype, randomise, 11, fast)
+        x = kit.tokens(cfg, 2, cfg.T, 5, device)  # (B, T): every position, up to the last
         with torch.no_grad():
             full = model(x)  # (B, T, V)
             use_kv_cache(model, 2)
@@ -136,8 +120,8 @@ def test_prefill_then_one_token_steps_match(
 def test_chunk_probabilities_match_the_no_cache_trace(
     device: torch.device,
     float_dtypes: tuple[torch.dtype, ...],
-    tol: Tol,
-    randomise: Randomise,
+    tol: kit.Tol,
+    randomise: kit.Randomise,
     cfg: ModelConfig,
     B: int,
     seed: int,
@@ -147,8 +131,8 @@ def test_chunk_probabilities_match_the_no_cache_trace(
     layer = data.draw(st.integers(0, cfg.L - 1))
     total = data.draw(st.integers(1, cfg.T))
     chunks = _split(total, data.draw(st.lists(st.integers(1, cfg.T), max_size=3)))
-    model = _model(cfg, device, dtype, randomise, seed)
-    x = _tokens(cfg, B, total, seed, device)  # (B, total)
+    model = kit.model(cfg, device, dtype, randomise, seed)
+    x = kit.tokens(cfg, B, total, seed, device)  # (B, total)
     with torch.no_grad():
         _, ref = model.forward_with_attn_trace(x, layer, return_full_attn=True)
         full = ref["attn_full"]  # (B, H, total, total)
@@ -169,13 +153,13 @@ def test_chunk_probabilities_match_the_no_cache_trace(
 
 @pytest.mark.invariant("kv_cache.trace_matches_full")
 def test_trace_is_taken_before_attention_dropout(
-    device: torch.device, tol: Tol, randomise: Randomise
+    device: torch.device, tol: kit.Tol, randomise: kit.Randomise
 ) -> None:
     # Only attention dropout is on, so layer 0's probabilities never see a dropped
     # value: in training mode they must still equal the eval-mode reference.
     cfg = ModelConfig(V=29, T=12, C=16, L=2, H=2, d_ff=12, dropout=0.0)
-    model = _model(cfg, device, torch.float32, randomise, 3)
-    x = _tokens(cfg, 2, 9, 4, device)  # (B, 9)
+    model = kit.model(cfg, device, torch.float32, randomise, 3)
+    x = kit.tokens(cfg, 2, 9, 4, device)  # (B, 9)
     with torch.no_grad():
         _, ref = model.forward_with_attn_trace(x, 0, return_full_attn=True)
         full = ref["attn_full"]  # (B, H, 9, 9)
@@ -219,13 +203,13 @@ def _reference_keys_values(model: GPT, x: torch.Tensor) -> list[tuple[torch.Tens
 def test_cache_holds_rotated_keys_and_values_in_its_storage(
     device: torch.device,
     float_dtypes: tuple[torch.dtype, ...],
-    tol: Tol,
-    randomise: Randomise,
+    tol: kit.Tol,
+    randomise: kit.Randomise,
 ) -> None:
     cfg = ModelConfig(V=31, T=14, C=24, L=2, H=3, d_ff=16, dropout=0.0, rope_theta=90.0)
     for dtype in float_dtypes:
-        model = _model(cfg, device, dtype, randomise, 8)
-        x = _tokens(cfg, 3, 11, 2, device)  # (B, 11)
+        model = kit.model(cfg, device, dtype, randomise, 8)
+        x = kit.tokens(cfg, 3, 11, 2, device)  # (B, 11)
         with torch.no_grad():
             want = _reference_keys_values(model, x)
             caches = use_kv_cache(model, 3)
@@ -272,11 +256,11 @@ def _logging_ops() -> Iterator[_OpLog]:
 @pytest.mark.invariant("kv_cache.cache_fixed")
 @pytest.mark.parametrize("fast", [False, True])
 def test_decode_steps_dispatch_no_concatenation(
-    device: torch.device, randomise: Randomise, fast: bool
+    device: torch.device, randomise: kit.Randomise, fast: bool
 ) -> None:
     cfg = ModelConfig(V=23, T=16, C=16, L=2, H=2, d_ff=12, dropout=0.0)
-    model = _model(cfg, device, torch.float32, randomise, 1, fast)
-    x = _tokens(cfg, 2, 12, 1, device)  # (B, 12)
+    model = kit.model(cfg, device, torch.float32, randomise, 1, fast)
+    x = kit.tokens(cfg, 2, 12, 1, device)  # (B, 12)
     with torch.no_grad():
         use_kv_cache(model, 2)
         model(x[:, :6])
@@ -320,7 +304,7 @@ def test_training_mode_applies_the_modules_own_dropout(device: torch.device) -> 
 def test_rope_gets_tables_starting_at_the_chunk(
     device: torch.device,
     float_dtypes: tuple[torch.dtype, ...],
-    randomise: Randomise,
+    randomise: kit.Randomise,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     cfg = ModelConfig(V=19, T=13, C=16, L=2, H=2, d_ff=12, dropout=0.0, rope_theta=50.0)
@@ -335,9 +319,9 @@ def test_rope_gets_tables_starting_at_the_chunk(
 
     monkeypatch.setattr(rope, "apply_rope", spy)
     for dtype in float_dtypes:
-        model = _model(cfg, device, dtype, randomise, 2)
+        model = kit.model(cfg, device, dtype, randomise, 2)
         table_sin, table_cos = model.blocks[0].attn.rope_sin, model.blocks[0].attn.rope_cos
-        x = _tokens(cfg, 2, 13, 3, device)  # (B, 13)
+        x = kit.tokens(cfg, 2, 13, 3, device)  # (B, 13)
         use_kv_cache(model, 2)
         p = 0
         for n in (5, 1, 2, 1, 4):
@@ -355,11 +339,11 @@ def test_rope_gets_tables_starting_at_the_chunk(
 
 @pytest.mark.invariant("kv_cache.rejects_bad_input")
 def test_cached_forward_rejects_overrun_and_mismatch(
-    device: torch.device, randomise: Randomise
+    device: torch.device, randomise: kit.Randomise
 ) -> None:
     cfg = ModelConfig(V=17, T=10, C=16, L=2, H=2, d_ff=12, dropout=0.0)
-    model = _model(cfg, device, torch.float32, randomise, 4)
-    x = _tokens(cfg, 2, 10, 6, device)  # (B, 10)
+    model = kit.model(cfg, device, torch.float32, randomise, 4)
+    x = kit.tokens(cfg, 2, 10, 6, device)  # (B, 10)
     caches = use_kv_cache(model, 2)
     with torch.no_grad():
         model(x[:, :8])
@@ -367,7 +351,7 @@ def test_cached_forward_rejects_overrun_and_mismatch(
         with pytest.raises(InputError):
             model(x[:, :3])  # 8 + 3 > T
         with pytest.raises(InputError):
-            model(_tokens(cfg, 3, 1, 0, device))  # batch 3 against a batch-2 cache
+            model(kit.tokens(cfg, 3, 1, 0, device))  # batch 3 against a batch-2 cache
         with pytest.raises(InputError):
             model(x[:, :1].to(torch.int32))
         for cache, (k, v) in zip(caches, snapshot, strict=True):
@@ -381,13 +365,13 @@ def test_cached_forward_rejects_overrun_and_mismatch(
 
 @pytest.mark.invariant("kv_cache.rejects_bad_input")
 def test_cached_forward_rejects_a_cache_of_another_dtype(
-    device: torch.device, float_dtypes: tuple[torch.dtype, ...], randomise: Randomise
+    device: torch.device, float_dtypes: tuple[torch.dtype, ...], randomise: kit.Randomise
 ) -> None:
     cfg = ModelConfig(V=17, T=10, C=16, L=1, H=2, d_ff=12, dropout=0.0)
-    model = _model(cfg, device, torch.float32, randomise, 4)
+    model = kit.model(cfg, device, torch.float32, randomise, 4)
     (cache,) = use_kv_cache(model, 1)
     other = torch.float64 if torch.float64 in float_dtypes else torch.float16
     model.to(other)  # the weights move on; the attached float32 cache does not
     with pytest.raises(InputError), torch.no_grad():
-        model(_tokens(cfg, 1, 2, 0, device))
+        model(kit.tokens(cfg, 1, 2, 0, device))
     assert len(cache) == 0

@@ -1,6 +1,6 @@
 """Acceptance tests of ``filter_logits`` on fixed logits (stage kv_cache).
 
-The reference below is written from the spec's definitions, one row at a time
+The reference (``_kit.py``) is written from the spec's definitions, one row at a time
 in float64 with Python loops: scale by 1/temperature, keep the entries at or
 above the k-th largest, then keep each entry whose preceding probability mass
 (descending order, ties by index) is below top_p. Hand-made rows pin the
@@ -10,8 +10,9 @@ top-k, temperature before top-p); property tests compare random rows.
 
 from __future__ import annotations
 
+import importlib.util
 import math
-from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
@@ -21,48 +22,12 @@ from hypothesis import strategies as st
 from niels_gpt.checks import InputError
 from niels_gpt.model.kv_cache import filter_logits
 
-Tol = Callable[[torch.dtype], dict[str, float]]
+_SPEC = importlib.util.spec_from_file_location("kv_cache_kit", Path(__file__).with_name("_kit.py"))
+assert _SPEC is not None and _SPEC.loader is not None
+kit = importlib.util.module_from_spec(_SPEC)  # the stage's shared builders (_kit.py)
+_SPEC.loader.exec_module(kit)
+
 NEG = float("-inf")
-
-
-def reference_keep(
-    row: list[float], temperature: float, top_k: int | None, top_p: float | None
-) -> tuple[list[bool], list[float]]:
-    """Which entries of one row survive, and the top-p masses the decision used."""
-    V = len(row)
-    if temperature == 0:
-        first_max = max(range(V), key=lambda j: (row[j], -j))
-        return [j == first_max for j in range(V)], []
-    scaled = [x / temperature for x in row]
-    keep = [True] * V
-    if top_k is not None and top_k < V:
-        kth = sorted(scaled, reverse=True)[top_k - 1]
-        keep = [x >= kth for x in scaled]
-    masses: list[float] = []
-    if top_p is not None and top_p < 1.0:
-        top = max(x for x, k in zip(scaled, keep, strict=True) if k)
-        weights = [math.exp(x - top) if k else 0.0 for x, k in zip(scaled, keep, strict=True)]
-        total = sum(weights)
-        probs = [w / total for w in weights]
-        order = sorted(range(V), key=lambda j: (-probs[j], j))
-        before = 0.0
-        for j in order:
-            masses.append(before)
-            if before >= top_p:
-                keep[j] = False
-            before += probs[j]
-    return keep, masses
-
-
-def reference_filter(
-    logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None
-) -> torch.Tensor:
-    """``filter_logits`` from the definitions, on (B, V) logits, in their dtype."""
-    rows = logits.detach().to("cpu", torch.float64).tolist()
-    kept = [reference_keep(r, temperature, top_k, top_p)[0] for r in rows]
-    keep = torch.tensor(kept, dtype=torch.bool, device=logits.device)  # (B, V)
-    values = logits if temperature == 0 else logits / temperature  # (B, V)
-    return values.masked_fill(~keep, NEG)  # (B, V)
 
 
 def _row(values: list[float], device: torch.device, dtype: torch.dtype) -> torch.Tensor:
@@ -175,7 +140,7 @@ def test_filter_keeps_shape_dtype_device_and_input(
         assert torch.equal(logits, before)  # the input is not modified
         flat = filter_logits(logits.reshape(6, 11), temperature=0.7, top_k=6, top_p=0.8)
         assert torch.equal(out.reshape(6, 11), flat)  # leading dims are rows
-        assert torch.equal(flat, reference_filter(logits.reshape(6, 11), 0.7, 6, 0.8))
+        assert torch.equal(flat, kit.reference_filter(logits.reshape(6, 11), 0.7, 6, 0.8))
 
 
 def _margin_ok(
@@ -183,7 +148,7 @@ def _margin_ok(
 ) -> bool:
     """No top-p decision within float32 rounding of the boundary."""
     for row in rows:
-        _, masses = reference_keep(row, temperature, top_k, top_p)
+        _, masses = kit.reference_keep(row, temperature, top_k, top_p)
         if any(abs(m - top_p) < 1e-4 for m in masses):
             return False
     return True
@@ -202,7 +167,7 @@ def _margin_ok(
 def test_filter_matches_reference_on_random_rows(
     device: torch.device,
     float_dtypes: tuple[torch.dtype, ...],
-    tol: Tol,
+    tol: kit.Tol,
     B: int,
     V: int,
     temperature: float,
@@ -220,7 +185,7 @@ def test_filter_matches_reference_on_random_rows(
     if top_p is not None:
         assume(_margin_ok(logits.double().cpu().tolist(), temperature, top_k, top_p))
     out = filter_logits(logits, temperature=temperature, top_k=top_k, top_p=top_p)
-    want = reference_filter(logits, temperature, top_k, top_p)
+    want = kit.reference_filter(logits, temperature, top_k, top_p)
     assert torch.equal(out == NEG, want == NEG)
     finite = want != NEG
     torch.testing.assert_close(out[finite], want[finite], **tol(dtype))

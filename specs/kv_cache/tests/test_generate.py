@@ -2,7 +2,7 @@
 
 References are no-cache loops over the model's own ``forward``: an argmax loop
 for greedy decoding, and for sampling a loop that filters the last logits with
-a filter written here from the spec's definitions and draws with
+the float64 filter of ``_kit.py`` (written from the spec's definitions) and draws with
 ``torch.multinomial`` from a generator seeded like the one ``generate`` gets.
 Token-for-token comparisons run in float64, where the cached and the no-cache
 logits agree to about 1e-14, so no near-tie can flip a choice.
@@ -10,8 +10,9 @@ logits agree to about 1e-14, so no near-tie can flip a choice.
 
 from __future__ import annotations
 
+import importlib.util
 import math
-from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,7 +23,7 @@ from hypothesis import strategies as st
 from niels_gpt.checks import InputError
 from niels_gpt.config import ModelConfig
 from niels_gpt.model.attention import CausalSelfAttention
-from niels_gpt.model.fastpath import sdpa_kernel, use_fast_attention
+from niels_gpt.model.fastpath import sdpa_kernel
 from niels_gpt.model.gpt import GPT
 from niels_gpt.model.kv_cache import (
     KVCacheAttention,
@@ -32,28 +33,10 @@ from niels_gpt.model.kv_cache import (
     use_kv_cache,
 )
 
-Tol = Callable[[torch.dtype], dict[str, float]]
-Randomise = Callable[[torch.nn.Module, int], None]
-NEG = float("-inf")
-
-
-def _model(
-    cfg: ModelConfig,
-    device: torch.device,
-    dtype: torch.dtype,
-    randomise: Randomise,
-    seed: int = 0,
-    fast: bool = False,
-) -> GPT:
-    model = GPT(cfg)
-    randomise(model, seed)
-    model.to(device=device, dtype=dtype).eval()
-    return use_fast_attention(model) if fast else model  # type: ignore[return-value]
-
-
-def _tokens(cfg: ModelConfig, B: int, t: int, seed: int, device: torch.device) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(seed)
-    return torch.randint(0, cfg.V, (B, t), generator=gen).to(device)  # (B, t)
+_SPEC = importlib.util.spec_from_file_location("kv_cache_kit", Path(__file__).with_name("_kit.py"))
+assert _SPEC is not None and _SPEC.loader is not None
+kit = importlib.util.module_from_spec(_SPEC)  # the stage's shared builders (_kit.py)
+_SPEC.loader.exec_module(kit)
 
 
 def _generator(device: torch.device, seed: int) -> torch.Generator:
@@ -101,31 +84,6 @@ def with_eos(ref: torch.Tensor, t: int, eos: int) -> tuple[torch.Tensor, int]:
     return out, steps
 
 
-def reference_filter(
-    logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None
-) -> torch.Tensor:
-    """The spec's filter on (B, V) logits, row by row in float64 Python."""
-    keep_rows = []
-    for row in logits.detach().to("cpu", torch.float64).tolist():
-        V = len(row)
-        scaled = [x / temperature for x in row]
-        keep = [True] * V
-        if top_k is not None and top_k < V:
-            kth = sorted(scaled, reverse=True)[top_k - 1]
-            keep = [x >= kth for x in scaled]
-        if top_p is not None and top_p < 1.0:
-            top = max(x for x, k in zip(scaled, keep, strict=True) if k)
-            w = [math.exp(x - top) if k else 0.0 for x, k in zip(scaled, keep, strict=True)]
-            before = 0.0
-            for j in sorted(range(V), key=lambda j: (-w[j], j)):
-                if before >= top_p:
-                    keep[j] = False
-                before += w[j] / sum(w)
-        keep_rows.append(keep)
-    keep_t = torch.tensor(keep_rows, dtype=torch.bool, device=logits.device)  # (B, V)
-    return (logits / temperature).masked_fill(~keep_t, NEG)  # (B, V)
-
-
 def sampling_loop(
     model: GPT,
     prompt: torch.Tensor,
@@ -141,7 +99,7 @@ def sampling_loop(
     with torch.no_grad():
         for i in range(new):
             logits = model(out[:, : t + i])[:, -1]  # (B, V)
-            probs = torch.softmax(reference_filter(logits, **knobs), dim=-1)  # (B, V)
+            probs = torch.softmax(kit.reference_filter(logits, **knobs), dim=-1)  # (B, V)
             nxt = torch.multinomial(probs, 1, generator=gen)[:, 0]  # (B,), every row
             if eos is not None:
                 nxt = torch.where(finished, torch.full_like(nxt, eos), nxt)  # (B,)
@@ -198,7 +156,7 @@ def _watch(model: GPT) -> tuple[list[list[tuple[int, Any, tuple[Any, ...]]]], li
 def test_greedy_matches_the_no_cache_argmax_loop(
     device: torch.device,
     float_dtypes: tuple[torch.dtype, ...],
-    randomise: Randomise,
+    randomise: kit.Randomise,
     cfg: ModelConfig,
     B: int,
     fast: bool,
@@ -208,8 +166,8 @@ def test_greedy_matches_the_no_cache_argmax_loop(
     dtype = float_dtypes[-1]  # float64 where the device has it
     t = data.draw(st.integers(1, cfg.T - 1))
     new = data.draw(st.integers(1, cfg.T - t))
-    model = _model(cfg, device, dtype, randomise, seed, fast)
-    prompt = _tokens(cfg, B, t, seed, device)  # (B, t)
+    model = kit.model(cfg, device, dtype, randomise, seed, fast)
+    prompt = kit.tokens(cfg, B, t, seed, device)  # (B, t)
     gen = _generator(device, seed)
     state = gen.get_state()
     got = generate(model, prompt, new, temperature=0.0, generator=gen)
@@ -220,11 +178,11 @@ def test_greedy_matches_the_no_cache_argmax_loop(
 @pytest.mark.invariant("kv_cache.greedy_matches_loop")
 @pytest.mark.parametrize("fast", [False, True])
 def test_greedy_float32_matches_the_loop(
-    device: torch.device, randomise: Randomise, fast: bool
+    device: torch.device, randomise: kit.Randomise, fast: bool
 ) -> None:
     cfg = ModelConfig(V=67, T=32, C=32, L=2, H=4, d_ff=48, dropout=0.1)
-    model = _model(cfg, device, torch.float32, randomise, 21, fast)
-    prompt = _tokens(cfg, 3, 6, 9, device)  # (3, 6)
+    model = kit.model(cfg, device, torch.float32, randomise, 21, fast)
+    prompt = kit.tokens(cfg, 3, 6, 9, device)  # (3, 6)
     got = generate(model, prompt, cfg.T - 6, temperature=0)
     assert torch.equal(got, greedy_loop(model, prompt, cfg.T - 6))
 
@@ -247,7 +205,7 @@ def test_greedy_float32_matches_the_loop(
 def test_seeded_sampling_matches_the_reference_loop(
     device: torch.device,
     float_dtypes: tuple[torch.dtype, ...],
-    randomise: Randomise,
+    randomise: kit.Randomise,
     cfg: ModelConfig,
     B: int,
     temperature: float,
@@ -260,11 +218,11 @@ def test_seeded_sampling_matches_the_reference_loop(
     dtype = float_dtypes[-1]
     t = data.draw(st.integers(1, cfg.T - 1))
     new = data.draw(st.integers(1, cfg.T - t))
-    model = _model(cfg, device, dtype, randomise, seed)
+    model = kit.model(cfg, device, dtype, randomise, seed)
     with torch.no_grad():
         for p in model.parameters():
             p.mul_(0.3)  # flatter distributions: more than one token in play
-    prompt = _tokens(cfg, B, t, seed, device)  # (B, t)
+    prompt = kit.tokens(cfg, B, t, seed, device)  # (B, t)
     knobs: dict[str, Any] = {"temperature": temperature, "top_k": top_k, "top_p": top_p}
     eos = None
     if use_eos:  # a token the run draws, so some row does finish
@@ -280,16 +238,16 @@ def test_seeded_sampling_matches_the_reference_loop(
 @pytest.mark.invariant("kv_cache.sampling_exact")
 @pytest.mark.invariant("kv_cache.eos_rows_stop")
 def test_finished_rows_still_take_part_in_every_draw(
-    device: torch.device, float_dtypes: tuple[torch.dtype, ...], randomise: Randomise
+    device: torch.device, float_dtypes: tuple[torch.dtype, ...], randomise: kit.Randomise
 ) -> None:
     # Row 0 finishes at its first token; the draws of the later steps must still
     # cover all rows, so the other rows see the same random stream as without eos.
     cfg = ModelConfig(V=50, T=14, C=16, L=2, H=2, d_ff=12, dropout=0.0)
-    model = _model(cfg, device, float_dtypes[-1], randomise, 12)
+    model = kit.model(cfg, device, float_dtypes[-1], randomise, 12)
     with torch.no_grad():
         for p in model.parameters():
             p.mul_(0.2)  # nearly flat: the rows draw different tokens
-    prompt = _tokens(cfg, 4, 3, 8, device)  # (4, 3)
+    prompt = kit.tokens(cfg, 4, 3, 8, device)  # (4, 3)
     knobs: dict[str, Any] = {"temperature": 1.0, "top_k": None, "top_p": None}
     drawn = sampling_loop(model, prompt, 11, knobs, None, _generator(device, 3))
     eos = int(drawn[0, 3])
@@ -304,14 +262,14 @@ def test_finished_rows_still_take_part_in_every_draw(
 
 @pytest.mark.invariant("kv_cache.sampling_exact")
 def test_sampling_uses_the_global_generator_without_one(
-    device: torch.device, randomise: Randomise
+    device: torch.device, randomise: kit.Randomise
 ) -> None:
     cfg = ModelConfig(V=9, T=12, C=8, L=1, H=2, d_ff=8, dropout=0.0)
-    model = _model(cfg, device, torch.float32, randomise, 1)
+    model = kit.model(cfg, device, torch.float32, randomise, 1)
     with torch.no_grad():
         for p in model.parameters():
             p.mul_(0.1)  # nearly uniform: runs differ unless seeded alike
-    prompt = _tokens(cfg, 4, 2, 0, device)  # (4, 2)
+    prompt = kit.tokens(cfg, 4, 2, 0, device)  # (4, 2)
     torch.manual_seed(5)
     first = generate(model, prompt, 10)
     torch.manual_seed(5)
@@ -330,7 +288,7 @@ def test_sampling_uses_the_global_generator_without_one(
 def test_rows_that_hit_eos_stop_and_the_rest_go_on(
     device: torch.device,
     float_dtypes: tuple[torch.dtype, ...],
-    randomise: Randomise,
+    randomise: kit.Randomise,
     cfg: ModelConfig,
     B: int,
     seed: int,
@@ -339,8 +297,8 @@ def test_rows_that_hit_eos_stop_and_the_rest_go_on(
     dtype = float_dtypes[-1]
     t = data.draw(st.integers(1, cfg.T - 1))
     new = data.draw(st.integers(1, cfg.T - t))
-    model = _model(cfg, device, dtype, randomise, seed)
-    prompt = _tokens(cfg, B, t, seed, device)  # (B, t)
+    model = kit.model(cfg, device, dtype, randomise, seed)
+    prompt = kit.tokens(cfg, B, t, seed, device)  # (B, t)
     ref = greedy_loop(model, prompt, new)  # (B, t + new), no eos
     eos = int(data.draw(st.sampled_from(ref.flatten().tolist())))  # prompt or generated
     want, steps = with_eos(ref, t, eos)
@@ -356,11 +314,11 @@ def test_rows_that_hit_eos_stop_and_the_rest_go_on(
 
 @pytest.mark.invariant("kv_cache.eos_rows_stop")
 def test_a_finished_row_is_frozen_while_the_others_go_on(
-    device: torch.device, float_dtypes: tuple[torch.dtype, ...], randomise: Randomise
+    device: torch.device, float_dtypes: tuple[torch.dtype, ...], randomise: kit.Randomise
 ) -> None:
     cfg = ModelConfig(V=50, T=16, C=16, L=2, H=2, d_ff=12, dropout=0.0)
-    model = _model(cfg, device, float_dtypes[-1], randomise, 9)
-    prompt = _tokens(cfg, 4, 3, 6, device)  # (4, 3)
+    model = kit.model(cfg, device, float_dtypes[-1], randomise, 9)
+    prompt = kit.tokens(cfg, 4, 3, 6, device)  # (4, 3)
     ref = greedy_loop(model, prompt, 13)  # (4, 16), no eos
     # An eos that one row generates and would not repeat next, and another row never
     # generates: freezing, padding and carrying on are all visible.
@@ -384,11 +342,11 @@ def test_a_finished_row_is_frozen_while_the_others_go_on(
 
 @pytest.mark.invariant("kv_cache.prefill_then_single_tokens")
 def test_generation_stops_once_every_row_has_finished(
-    device: torch.device, randomise: Randomise
+    device: torch.device, randomise: kit.Randomise
 ) -> None:
     cfg = ModelConfig(V=30, T=20, C=16, L=2, H=2, d_ff=12, dropout=0.0)
-    model = _model(cfg, device, torch.float32, randomise, 5)
-    prompt = _tokens(cfg, 1, 3, 2, device).expand(2, 3).contiguous()  # two equal rows
+    model = kit.model(cfg, device, torch.float32, randomise, 5)
+    prompt = kit.tokens(cfg, 1, 3, 2, device).expand(2, 3).contiguous()  # two equal rows
     ref = greedy_loop(model, prompt, 12)
     eos = int(ref[0, 3 + 4])  # generated at step 4 (or earlier)
     first = int((ref[0, 3:] == eos).nonzero()[0])
@@ -409,13 +367,13 @@ def test_generation_stops_once_every_row_has_finished(
 def test_prefill_once_then_one_token_a_step_through_one_cache(
     device: torch.device,
     float_dtypes: tuple[torch.dtype, ...],
-    randomise: Randomise,
+    randomise: kit.Randomise,
     fast: bool,
 ) -> None:
     cfg = ModelConfig(V=37, T=18, C=24, L=3, H=3, d_ff=16, dropout=0.1)
     for dtype in float_dtypes:
-        model = _model(cfg, device, dtype, randomise, 4, fast)
-        prompt = _tokens(cfg, 2, 5, 1, device)  # (2, 5)
+        model = kit.model(cfg, device, dtype, randomise, 4, fast)
+        prompt = kit.tokens(cfg, 2, 5, 1, device)  # (2, 5)
         new = cfg.T - 5
         seen, handles = _watch(model)
         try:
@@ -438,15 +396,15 @@ def test_prefill_once_then_one_token_a_step_through_one_cache(
 @pytest.mark.invariant("kv_cache.cache_fixed")
 @pytest.mark.parametrize("fast", [False, True])
 def test_caches_are_sized_to_what_the_call_needs(
-    device: torch.device, randomise: Randomise, fast: bool
+    device: torch.device, randomise: kit.Randomise, fast: bool
 ) -> None:
     """2.0: generate's caches hold t + max_new_tokens positions, not cfg.T; use_kv_cache
     takes max_len (cfg.T by default) and refuses one outside [1, cfg.T]."""
     cfg = ModelConfig(V=37, T=18, C=24, L=2, H=3, d_ff=16, dropout=0.0)
-    model = _model(cfg, device, torch.float32, randomise, 4, fast)
+    model = kit.model(cfg, device, torch.float32, randomise, 4, fast)
     seen, handles = _watch(model)
     try:
-        generate(model, _tokens(cfg, 2, 3, 1, device), 4, temperature=0)
+        generate(model, kit.tokens(cfg, 2, 3, 1, device), 4, temperature=0)
     finally:
         for h in handles:
             h.remove()
@@ -481,8 +439,8 @@ def test_caches_are_sized_to_what_the_call_needs(
 def test_step_traces_match_forward_with_attn_trace(
     device: torch.device,
     float_dtypes: tuple[torch.dtype, ...],
-    tol: Tol,
-    randomise: Randomise,
+    tol: kit.Tol,
+    randomise: kit.Randomise,
     cfg: ModelConfig,
     B: int,
     use_eos: bool,
@@ -494,8 +452,8 @@ def test_step_traces_match_forward_with_attn_trace(
     t = data.draw(st.integers(1, cfg.T - 1))
     new = data.draw(st.integers(1, cfg.T - t))
     eos = data.draw(st.integers(0, cfg.V - 1)) if use_eos else None
-    model = _model(cfg, device, dtype, randomise, seed)
-    prompt = _tokens(cfg, B, t, seed, device)  # (B, t)
+    model = kit.model(cfg, device, dtype, randomise, seed)
+    prompt = kit.tokens(cfg, B, t, seed, device)  # (B, t)
     ids, traces = generate(model, prompt, new, temperature=0.0, eos_id=eos, trace_layer=layer)
     assert isinstance(traces, list) and 1 <= len(traces) <= new
     if len(traces) < new:  # stopped early: every row must have finished
@@ -513,12 +471,12 @@ def test_step_traces_match_forward_with_attn_trace(
 
 @pytest.mark.invariant("kv_cache.output_contract")
 def test_output_is_the_prompt_then_the_new_ids(
-    device: torch.device, float_dtypes: tuple[torch.dtype, ...], randomise: Randomise
+    device: torch.device, float_dtypes: tuple[torch.dtype, ...], randomise: kit.Randomise
 ) -> None:
     cfg = ModelConfig(V=13, T=10, C=8, L=2, H=2, d_ff=8, dropout=0.0)
     for dtype in float_dtypes:
-        model = _model(cfg, device, dtype, randomise, 2)
-        prompt = _tokens(cfg, 3, 4, 7, device)  # (3, 4)
+        model = kit.model(cfg, device, dtype, randomise, 2)
+        prompt = kit.tokens(cfg, 3, 4, 7, device)  # (3, 4)
         for temperature in (0.0, 1.0):
             out = generate(model, prompt, 6, temperature=temperature)
             assert isinstance(out, torch.Tensor)
@@ -561,41 +519,43 @@ def _assert_same_state(model: GPT, before: tuple[Any, ...]) -> None:
 @pytest.mark.parametrize("fast", [False, True])
 @pytest.mark.parametrize("training", [False, True])
 def test_generate_hands_the_model_back_as_it_was(
-    device: torch.device, randomise: Randomise, fast: bool, training: bool
+    device: torch.device, randomise: kit.Randomise, fast: bool, training: bool
 ) -> None:
     cfg = ModelConfig(V=21, T=12, C=16, L=2, H=2, d_ff=12, dropout=0.1)
-    model = _model(cfg, device, torch.float32, randomise, 6, fast).train(training)
+    model = kit.model(cfg, device, torch.float32, randomise, 6, fast).train(training)
     before = _state(model)
-    generate(model, _tokens(cfg, 2, 3, 1, device), 5, top_p=0.9, trace_layer=1)
+    generate(model, kit.tokens(cfg, 2, 3, 1, device), 5, top_p=0.9, trace_layer=1)
     _assert_same_state(model, before)
 
 
 @pytest.mark.invariant("kv_cache.generate_leaves_model")
-def test_generate_keeps_the_callers_own_caches(device: torch.device, randomise: Randomise) -> None:
+def test_generate_keeps_the_callers_own_caches(
+    device: torch.device, randomise: kit.Randomise
+) -> None:
     cfg = ModelConfig(V=21, T=12, C=16, L=2, H=2, d_ff=12, dropout=0.0)
-    model = _model(cfg, device, torch.float32, randomise, 6, fast=True)
-    x = _tokens(cfg, 1, 4, 1, device)  # (1, 4)
+    model = kit.model(cfg, device, torch.float32, randomise, 6, fast=True)
+    x = kit.tokens(cfg, 1, 4, 1, device)  # (1, 4)
     caches = use_kv_cache(model, 1)
     with torch.no_grad():
         model(x)
     kept = [(c.keys.clone(), c.values.clone()) for c in caches]
     before = _state(model)
-    got = generate(model, _tokens(cfg, 3, 2, 2, device), 6, temperature=0)
+    got = generate(model, kit.tokens(cfg, 3, 2, 2, device), 6, temperature=0)
     _assert_same_state(model, before)
     assert [len(c) for c in caches] == [4, 4]
     for c, (k, v) in zip(caches, kept, strict=True):
         assert torch.equal(c.keys, k) and torch.equal(c.values, v)
     drop_kv_cache(model)  # the fast path's kernel stays
     assert all(b.attn.kernel is sdpa_kernel for b in model.blocks)
-    assert torch.equal(got, generate(model, _tokens(cfg, 3, 2, 2, device), 6, temperature=0))
+    assert torch.equal(got, generate(model, kit.tokens(cfg, 3, 2, 2, device), 6, temperature=0))
 
 
 @pytest.mark.invariant("kv_cache.generate_leaves_model")
 def test_generate_restores_the_model_when_a_step_fails(
-    device: torch.device, randomise: Randomise
+    device: torch.device, randomise: kit.Randomise
 ) -> None:
     cfg = ModelConfig(V=21, T=12, C=16, L=2, H=2, d_ff=12, dropout=0.0)
-    model = _model(cfg, device, torch.float32, randomise, 6)
+    model = kit.model(cfg, device, torch.float32, randomise, 6)
     before = _state(model)
     calls = []
 
@@ -607,7 +567,7 @@ def test_generate_restores_the_model_when_a_step_fails(
     handle = model.blocks[1].register_forward_pre_hook(fail_on_third)
     try:
         with pytest.raises(RuntimeError, match="injected failure"):
-            generate(model, _tokens(cfg, 2, 3, 1, device), 6)
+            generate(model, kit.tokens(cfg, 2, 3, 1, device), 6)
     finally:
         handle.remove()
     _assert_same_state(model, before)
@@ -622,11 +582,11 @@ BAD_CFG = ModelConfig(V=11, T=8, C=8, L=2, H=2, d_ff=8, dropout=0.0)
 
 def _bad_calls(device: torch.device) -> dict[str, tuple[Any, tuple[Any, ...], dict[str, Any]]]:
     """name -> (prompt, positional args after the prompt, keyword args)."""
-    good = _tokens(BAD_CFG, 2, 3, 0, device)  # (2, 3)
+    good = kit.tokens(BAD_CFG, 2, 3, 0, device)  # (2, 3)
     other_device = torch.device("meta") if device.type == "cpu" else torch.device("cpu")
     calls: dict[str, tuple[Any, tuple[Any, ...], dict[str, Any]]] = {
         "too-long": (good, (BAD_CFG.T - 3 + 1,), {}),
-        "prompt-longer-than-T": (_tokens(BAD_CFG, 1, BAD_CFG.T + 1, 0, device), (0,), {}),
+        "prompt-longer-than-T": (kit.tokens(BAD_CFG, 1, BAD_CFG.T + 1, 0, device), (0,), {}),
         "id-equal-V": (good.clone().fill_(BAD_CFG.V), (2,), {}),
         "id-negative": (good.clone().fill_(-1), (2,), {}),
         "int32-ids": (good.to(torch.int32), (2,), {}),
@@ -660,10 +620,10 @@ def _bad_calls(device: torch.device) -> dict[str, tuple[Any, tuple[Any, ...], di
 @pytest.mark.invariant("kv_cache.rejects_bad_input")
 @pytest.mark.parametrize("case", sorted(_bad_calls(torch.device("cpu"))))
 def test_generate_rejects_bad_input_before_any_work(
-    device: torch.device, randomise: Randomise, case: str
+    device: torch.device, randomise: kit.Randomise, case: str
 ) -> None:
     calls = _bad_calls(device)
-    model = _model(BAD_CFG, device, torch.float32, randomise, 0)
+    model = kit.model(BAD_CFG, device, torch.float32, randomise, 0)
     prompt, args, kwargs = calls[case]
     forwards: list[str] = []
     handles = [
@@ -683,18 +643,18 @@ def test_generate_rejects_bad_input_before_any_work(
 @pytest.mark.invariant("kv_cache.rejects_bad_input")
 @pytest.mark.parametrize("t", [3, BAD_CFG.T])
 def test_a_too_long_generation_is_named_as_prompt_plus_new_tokens(
-    device: torch.device, randomise: Randomise, t: int
+    device: torch.device, randomise: kit.Randomise, t: int
 ) -> None:
     """2.1: generate's own check names what is too long (t + max_new_tokens against cfg.T)."""
-    model = _model(BAD_CFG, device, torch.float32, randomise, 0)
+    model = kit.model(BAD_CFG, device, torch.float32, randomise, 0)
     with pytest.raises(InputError, match=r"t \+ max_new_tokens must be <= cfg\.T = 8"):
-        generate(model, _tokens(BAD_CFG, 2, t, 0, device), BAD_CFG.T - t + 1)
+        generate(model, kit.tokens(BAD_CFG, 2, t, 0, device), BAD_CFG.T - t + 1)
 
 
 @pytest.mark.invariant("kv_cache.rejects_bad_input")
 def test_generate_rejects_a_model_that_is_not_a_gpt(device: torch.device) -> None:
     model = GPT(BAD_CFG).to(device)
-    prompt = _tokens(BAD_CFG, 1, 2, 0, device)  # (1, 2)
+    prompt = kit.tokens(BAD_CFG, 1, 2, 0, device)  # (1, 2)
     with pytest.raises(InputError):
         generate(model.blocks, prompt, 1)  # type: ignore[arg-type]
     with pytest.raises(InputError):
@@ -703,10 +663,10 @@ def test_generate_rejects_a_model_that_is_not_a_gpt(device: torch.device) -> Non
 
 @pytest.mark.invariant("kv_cache.rejects_bad_input")
 def test_the_generator_must_live_on_the_models_device(
-    device: torch.device, randomise: Randomise
+    device: torch.device, randomise: kit.Randomise
 ) -> None:
-    model = _model(BAD_CFG, device, torch.float32, randomise, 0)
-    prompt = _tokens(BAD_CFG, 2, 3, 0, device)  # (2, 3)
+    model = kit.model(BAD_CFG, device, torch.float32, randomise, 0)
+    prompt = kit.tokens(BAD_CFG, 2, 3, 0, device)  # (2, 3)
     own = generate(model, prompt, 2, generator=_generator(device, 0))  # accepted
     assert isinstance(own, torch.Tensor) and own.shape == (2, 5)
     if device.type != "cpu":  # a CPU generator for a model elsewhere
@@ -721,12 +681,12 @@ def test_the_generator_must_live_on_the_models_device(
 
 @pytest.mark.invariant("kv_cache.per_row_generators")
 def test_a_generator_list_draws_each_row_from_its_own(
-    device: torch.device, float_dtypes: tuple[torch.dtype, ...], randomise: Randomise
+    device: torch.device, float_dtypes: tuple[torch.dtype, ...], randomise: kit.Randomise
 ) -> None:
     """Row b of a batch with generator[b] is row b generated alone with that generator."""
     cfg = ModelConfig(V=30, T=12, C=16, L=2, H=2, d_ff=12, dropout=0.0)
-    model = _model(cfg, device, float_dtypes[-1], randomise, 4)
-    prompt = _tokens(cfg, 3, 4, 2, device)  # (3, 4)
+    model = kit.model(cfg, device, float_dtypes[-1], randomise, 4)
+    prompt = kit.tokens(cfg, 3, 4, 2, device)  # (3, 4)
     knobs: dict[str, Any] = {"temperature": 0.9, "top_k": 12, "top_p": 0.95}
     seeds = (5, 6, 7)
     got = generate(model, prompt, 7, **knobs, generator=[_generator(device, s) for s in seeds])
@@ -745,11 +705,11 @@ def test_a_generator_list_draws_each_row_from_its_own(
 @pytest.mark.invariant("kv_cache.per_row_generators")
 @pytest.mark.invariant("kv_cache.rejects_bad_input")
 def test_a_bad_generator_list_is_refused_before_any_forward(
-    device: torch.device, randomise: Randomise
+    device: torch.device, randomise: kit.Randomise
 ) -> None:
     cfg = ModelConfig(V=20, T=10, C=8, L=1, H=2, d_ff=8, dropout=0.0)
-    model = _model(cfg, device, torch.float32, randomise, 1)
-    prompt = _tokens(cfg, 2, 3, 1, device)  # (2, 3)
+    model = kit.model(cfg, device, torch.float32, randomise, 1)
+    prompt = kit.tokens(cfg, 2, 3, 1, device)  # (2, 3)
     calls: list[int] = []
     model.register_forward_pre_hook(lambda *_: calls.append(1))
     for bad in ([_generator(device, 1)], [_generator(device, 1)] * 3, [_generator(device, 1), 3]):
@@ -766,11 +726,11 @@ def test_a_bad_generator_list_is_refused_before_any_forward(
 @pytest.mark.invariant("kv_cache.inference_mode")
 @pytest.mark.invariant("kv_cache.output_contract")
 def test_generate_decodes_in_inference_mode_and_returns_ordinary_tensors(
-    device: torch.device, randomise: Randomise
+    device: torch.device, randomise: kit.Randomise
 ) -> None:
     cfg = ModelConfig(V=20, T=10, C=8, L=2, H=2, d_ff=8, dropout=0.0)
-    model = _model(cfg, device, torch.float32, randomise, 3)
-    prompt = _tokens(cfg, 2, 3, 1, device)  # (2, 3)
+    model = kit.model(cfg, device, torch.float32, randomise, 3)
+    prompt = kit.tokens(cfg, 2, 3, 1, device)  # (2, 3)
     modes: list[bool] = []
     hook = model.blocks[0].register_forward_pre_hook(  # the traced steps call no GPT hook
         lambda *_: modes.append(torch.is_inference_mode_enabled())
@@ -787,14 +747,14 @@ def test_generate_decodes_in_inference_mode_and_returns_ordinary_tensors(
 
 @pytest.mark.invariant("kv_cache.rejects_bad_input")
 def test_check_knobs_is_the_knob_check_generate_runs(
-    device: torch.device, randomise: Randomise
+    device: torch.device, randomise: kit.Randomise
 ) -> None:
     """4.2: the public knob check refuses what generate refuses, with the same message."""
     from niels_gpt.model.kv_cache import check_knobs  # 4.2's export: the rest collect without it
 
     cfg = ModelConfig(V=20, T=10, C=8, L=1, H=2, d_ff=8, dropout=0.0)
-    model = _model(cfg, device, torch.float32, randomise, 1)
-    prompt = _tokens(cfg, 2, 3, 1, device)  # (2, 3)
+    model = kit.model(cfg, device, torch.float32, randomise, 1)
+    prompt = kit.tokens(cfg, 2, 3, 1, device)  # (2, 3)
     bad: list[tuple[Any, Any, Any]] = [
         (-0.5, None, None),
         (math.inf, None, None),

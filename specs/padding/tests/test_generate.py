@@ -14,8 +14,10 @@ choice.
 
 from __future__ import annotations
 
+import importlib.util
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,29 +30,19 @@ from niels_gpt.checks import InputError
 from niels_gpt.config import ModelConfig
 from niels_gpt.model import kv_cache
 from niels_gpt.model.attention import CausalSelfAttention, KVCache
-from niels_gpt.model.fastpath import sdpa_kernel, use_fast_attention
+from niels_gpt.model.fastpath import sdpa_kernel
 from niels_gpt.model.gpt import GPT
 from niels_gpt.model.kv_cache import use_kv_cache
 from niels_gpt.model.padding import generate
 
-Tol = Callable[[torch.dtype], dict[str, float]]
-Randomise = Callable[[torch.nn.Module, int], None]
+_SPEC = importlib.util.spec_from_file_location("padding_kit", Path(__file__).with_name("_kit.py"))
+assert _SPEC is not None and _SPEC.loader is not None
+kit = importlib.util.module_from_spec(_SPEC)  # the stage's shared builders (_kit.py)
+_SPEC.loader.exec_module(kit)
+
+
 Gen = torch.Generator | list[torch.Generator] | None
 NEG = float("-inf")
-
-
-def _model(
-    cfg: ModelConfig,
-    device: torch.device,
-    dtype: torch.dtype,
-    randomise: Randomise,
-    seed: int = 0,
-    fast: bool = False,
-) -> GPT:
-    model = GPT(cfg)
-    randomise(model, seed)
-    model.to(device=device, dtype=dtype).eval()
-    return use_fast_attention(model) if fast else model  # type: ignore[return-value]
 
 
 def _flatten(model: GPT, scale: float) -> GPT:
@@ -59,17 +51,6 @@ def _flatten(model: GPT, scale: float) -> GPT:
         for p in model.parameters():
             p.mul_(scale)
     return model
-
-
-def _tokens(cfg: ModelConfig, B: int, t: int, seed: int, device: torch.device) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(seed)
-    return torch.randint(0, cfg.V, (B, t), generator=gen).to(device)  # (B, t)
-
-
-def _mask(pads: list[int], t: int, device: torch.device) -> torch.Tensor:
-    """The (B, t) left-padding mask: row b is False on its first pads[b] columns."""
-    cols = torch.arange(t)  # (t,)
-    return (cols[None, :] >= torch.tensor(pads)[:, None]).to(device)  # (B, t) bool
 
 
 def _generator(device: torch.device, seed: int) -> torch.Generator:
@@ -235,8 +216,8 @@ def _watch(model: GPT) -> tuple[list[list[tuple[int, Any, tuple[Any, ...]]]], li
 def test_greedy_rows_and_traces_match_each_prompt_alone(
     device: torch.device,
     float_dtypes: tuple[torch.dtype, ...],
-    tol: Tol,
-    randomise: Randomise,
+    tol: kit.Tol,
+    randomise: kit.Randomise,
     cfg: ModelConfig,
     fast: bool,
     seed: int,
@@ -246,14 +227,14 @@ def test_greedy_rows_and_traces_match_each_prompt_alone(
     t, pads, new = data.draw(prompts(cfg.T))
     layer = data.draw(st.integers(0, cfg.L - 1))
     B = len(pads)
-    model = _model(cfg, device, dtype, randomise, seed, fast)
-    prompt = _tokens(cfg, B, t, seed, device)  # (B, t), pads hold random ids
+    model = kit.model(cfg, device, dtype, randomise, seed, fast)
+    prompt = kit.tokens(cfg, B, t, seed, device)  # (B, t), pads hold random ids
     gen = _generator(device, seed)
     state = gen.get_state()
     ids, traces = generate(
         model,
         prompt,
-        _mask(pads, t, device),
+        kit.mask(pads, t, device),
         new,
         temperature=0.0,
         generator=gen,
@@ -287,8 +268,8 @@ def test_greedy_rows_and_traces_match_each_prompt_alone(
 def test_rows_are_kv_cache_generate_of_each_prompt_alone(
     device: torch.device,
     float_dtypes: tuple[torch.dtype, ...],
-    tol: Tol,
-    randomise: Randomise,
+    tol: kit.Tol,
+    randomise: kit.Randomise,
     cfg: ModelConfig,
     temperature: float,
     top_k: int | None,
@@ -302,14 +283,14 @@ def test_rows_are_kv_cache_generate_of_each_prompt_alone(
     t, pads, new = data.draw(prompts(cfg.T))
     layer = data.draw(st.integers(0, cfg.L - 1))
     eos = data.draw(st.integers(0, cfg.V - 1)) if use_eos else None
-    model = _flatten(_model(cfg, device, dtype, randomise, seed), 0.3)
-    prompt = _tokens(cfg, len(pads), t, seed, device)  # (B, t)
+    model = _flatten(kit.model(cfg, device, dtype, randomise, seed), 0.3)
+    prompt = kit.tokens(cfg, len(pads), t, seed, device)  # (B, t)
     knobs: dict[str, Any] = {"temperature": temperature, "top_k": top_k, "top_p": top_p}
     gens = [_generator(device, seed + b) for b in range(len(pads))]
     ids, traces = generate(
         model,
         prompt,
-        _mask(pads, t, device),
+        kit.mask(pads, t, device),
         new,
         **knobs,
         eos_id=eos,
@@ -352,7 +333,7 @@ def test_rows_are_kv_cache_generate_of_each_prompt_alone(
 def test_seeded_sampling_matches_the_reference_loop(
     device: torch.device,
     float_dtypes: tuple[torch.dtype, ...],
-    randomise: Randomise,
+    randomise: kit.Randomise,
     cfg: ModelConfig,
     temperature: float,
     top_k: int | None,
@@ -365,9 +346,9 @@ def test_seeded_sampling_matches_the_reference_loop(
     dtype = float_dtypes[-1]
     t, pads, new = data.draw(prompts(cfg.T))
     B = len(pads)
-    model = _flatten(_model(cfg, device, dtype, randomise, seed), 0.3)
-    prompt = _tokens(cfg, B, t, seed, device)  # (B, t)
-    mask = _mask(pads, t, device)
+    model = _flatten(kit.model(cfg, device, dtype, randomise, seed), 0.3)
+    prompt = kit.tokens(cfg, B, t, seed, device)  # (B, t)
+    mask = kit.mask(pads, t, device)
     knobs: dict[str, Any] = {"temperature": temperature, "top_k": top_k, "top_p": top_p}
 
     def gens() -> torch.Generator | list[torch.Generator]:
@@ -388,35 +369,35 @@ def test_seeded_sampling_matches_the_reference_loop(
 
 @pytest.mark.invariant("padding.sampling_exact")
 def test_a_generator_list_is_drawn_row_by_row_in_order(
-    device: torch.device, float_dtypes: tuple[torch.dtype, ...], randomise: Randomise
+    device: torch.device, float_dtypes: tuple[torch.dtype, ...], randomise: kit.Randomise
 ) -> None:
     # The same generator three times: the order of the draws shows in the tokens.
     # (On the CPU this equals one draw over all rows: torch.multinomial consumes a
     # generator row after row. What is pinned is the order, row 0 first.)
     cfg = ModelConfig(V=40, T=12, C=16, L=2, H=2, d_ff=12, dropout=0.0)
-    model = _flatten(_model(cfg, device, float_dtypes[-1], randomise, 3), 0.2)
+    model = _flatten(kit.model(cfg, device, float_dtypes[-1], randomise, 3), 0.2)
     pads, t = [2, 0, 4], 5
-    prompt = _tokens(cfg, 3, t, 1, device)  # (3, 5)
+    prompt = kit.tokens(cfg, 3, t, 1, device)  # (3, 5)
     knobs: dict[str, Any] = {"temperature": 1.0, "top_k": None, "top_p": None}
     shared = _generator(device, 9)
     want = sampling_alone(model, prompt, pads, 6, knobs, None, [shared] * 3)
     shared = _generator(device, 9)
-    got = generate(model, prompt, _mask(pads, t, device), 6, generator=[shared] * 3)
+    got = generate(model, prompt, kit.mask(pads, t, device), 6, generator=[shared] * 3)
     assert torch.equal(got, want)
 
 
 @pytest.mark.invariant("padding.sampling_exact")
 @pytest.mark.invariant("padding.eos_rows_stop")
 def test_finished_rows_still_take_part_in_every_draw(
-    device: torch.device, float_dtypes: tuple[torch.dtype, ...], randomise: Randomise
+    device: torch.device, float_dtypes: tuple[torch.dtype, ...], randomise: kit.Randomise
 ) -> None:
     # Row 0 finishes at its first token; the later draws must still cover all rows,
     # so the other rows see the same random stream as without eos.
     cfg = ModelConfig(V=50, T=14, C=16, L=2, H=2, d_ff=12, dropout=0.0)
-    model = _flatten(_model(cfg, device, float_dtypes[-1], randomise, 12), 0.2)
+    model = _flatten(kit.model(cfg, device, float_dtypes[-1], randomise, 12), 0.2)
     pads, t = [1, 0, 2, 1], 3
-    prompt = _tokens(cfg, 4, t, 8, device)  # (4, 3)
-    mask = _mask(pads, t, device)
+    prompt = kit.tokens(cfg, 4, t, 8, device)  # (4, 3)
+    mask = kit.mask(pads, t, device)
     knobs: dict[str, Any] = {"temperature": 1.0, "top_k": None, "top_p": None}
     drawn = sampling_alone(model, prompt, pads, 11, knobs, None, _generator(device, 3))
     eos = int(drawn[0, t])
@@ -439,15 +420,15 @@ def test_finished_rows_still_take_part_in_every_draw(
 def test_rows_that_hit_eos_stop_and_the_rest_go_on(
     device: torch.device,
     float_dtypes: tuple[torch.dtype, ...],
-    randomise: Randomise,
+    randomise: kit.Randomise,
     cfg: ModelConfig,
     seed: int,
     data: st.DataObject,
 ) -> None:
     dtype = float_dtypes[-1]
     t, pads, new = data.draw(prompts(cfg.T))
-    model = _model(cfg, device, dtype, randomise, seed)
-    prompt = _tokens(cfg, len(pads), t, seed, device)  # (B, t)
+    model = kit.model(cfg, device, dtype, randomise, seed)
+    prompt = kit.tokens(cfg, len(pads), t, seed, device)  # (B, t)
     alone = [greedy_alone(model, prompt[b, p:], new) for b, p in enumerate(pads)]
     choices = prompt.flatten().tolist() + [x for row in alone for x in row]
     eos = int(data.draw(st.sampled_from(choices)))  # a pad, a prompt token or a generated one
@@ -456,7 +437,7 @@ def test_rows_that_hit_eos_stop_and_the_rest_go_on(
     steps = min(new, max(hits) + 1) if len(hits) == len(alone) else new
     seen, handles = _watch(model)
     try:
-        got = generate(model, prompt, _mask(pads, t, device), new, temperature=0.0, eos_id=eos)
+        got = generate(model, prompt, kit.mask(pads, t, device), new, temperature=0.0, eos_id=eos)
     finally:
         for h in handles:
             h.remove()
@@ -467,12 +448,12 @@ def test_rows_that_hit_eos_stop_and_the_rest_go_on(
 
 @pytest.mark.invariant("padding.eos_rows_stop")
 def test_a_pad_equal_to_eos_finishes_nothing(
-    device: torch.device, float_dtypes: tuple[torch.dtype, ...], randomise: Randomise
+    device: torch.device, float_dtypes: tuple[torch.dtype, ...], randomise: kit.Randomise
 ) -> None:
     cfg = ModelConfig(V=30, T=14, C=16, L=2, H=2, d_ff=12, dropout=0.0)
-    model = _model(cfg, device, float_dtypes[-1], randomise, 4)
+    model = kit.model(cfg, device, float_dtypes[-1], randomise, 4)
     pads, t, new = [3, 0, 5], 6, 8
-    prompt = _tokens(cfg, 3, t, 2, device)  # (3, 6)
+    prompt = kit.tokens(cfg, 3, t, 2, device)  # (3, 6)
     alone = [greedy_alone(model, prompt[b, p:], new) for b, p in enumerate(pads)]
     generated = {x for row in alone for x in row}
     eos = next(v for v in range(cfg.V) if v not in generated)  # never generated
@@ -481,7 +462,7 @@ def test_a_pad_equal_to_eos_finishes_nothing(
     padded[1, 2] = eos  # a real prompt token of row 1
     alone[1] = greedy_alone(model, padded[1], new)
     assert eos not in alone[1], "test set-up: the changed prompt generates eos; pick another"
-    got = generate(model, padded, _mask(pads, t, device), new, temperature=0.0, eos_id=eos)
+    got = generate(model, padded, kit.mask(pads, t, device), new, temperature=0.0, eos_id=eos)
     assert got[:, t:].tolist() == alone  # every row ran to the end
 
 
@@ -507,19 +488,19 @@ def _reference_keys_values(model: GPT, x: torch.Tensor) -> list[tuple[torch.Tens
 def test_prefill_once_then_one_token_a_step_through_kv_caches(
     device: torch.device,
     float_dtypes: tuple[torch.dtype, ...],
-    tol: Tol,
-    randomise: Randomise,
+    tol: kit.Tol,
+    randomise: kit.Randomise,
     fast: bool,
 ) -> None:
     cfg = ModelConfig(V=37, T=18, C=24, L=3, H=3, d_ff=16, dropout=0.1)
     pads, t = [0, 3, 4], 5
     new = cfg.T - t
     for dtype in float_dtypes:
-        model = _model(cfg, device, dtype, randomise, 4, fast)
-        prompt = _tokens(cfg, 3, t, 1, device)  # (3, 5)
+        model = kit.model(cfg, device, dtype, randomise, 4, fast)
+        prompt = kit.tokens(cfg, 3, t, 1, device)  # (3, 5)
         seen, handles = _watch(model)
         try:
-            ids = generate(model, prompt, _mask(pads, t, device), new, temperature=0.8, top_k=7)
+            ids = generate(model, prompt, kit.mask(pads, t, device), new, temperature=0.8, top_k=7)
         finally:
             for h in handles:
                 h.remove()
@@ -552,14 +533,14 @@ def test_prefill_once_then_one_token_a_step_through_kv_caches(
 
 @pytest.mark.invariant("padding.output_contract")
 def test_output_is_the_padded_prompt_then_the_new_ids(
-    device: torch.device, float_dtypes: tuple[torch.dtype, ...], randomise: Randomise
+    device: torch.device, float_dtypes: tuple[torch.dtype, ...], randomise: kit.Randomise
 ) -> None:
     cfg = ModelConfig(V=13, T=10, C=8, L=2, H=2, d_ff=8, dropout=0.0)
     pads, t = [2, 0, 3], 4
     for dtype in float_dtypes:
-        model = _model(cfg, device, dtype, randomise, 2)
-        prompt = _tokens(cfg, 3, t, 7, device)  # (3, 4)
-        mask = _mask(pads, t, device)
+        model = kit.model(cfg, device, dtype, randomise, 2)
+        prompt = kit.tokens(cfg, 3, t, 7, device)  # (3, 4)
+        mask = kit.mask(pads, t, device)
         for temperature in (0.0, 1.0):
             out = generate(model, prompt, mask, 6, temperature=temperature)
             assert isinstance(out, torch.Tensor)
@@ -582,12 +563,15 @@ def test_output_is_the_padded_prompt_then_the_new_ids(
 @pytest.mark.invariant("padding.unpadded_exact")
 @pytest.mark.parametrize("fast", [False, True])
 def test_no_padding_is_kv_cache_generate_bit_for_bit(
-    device: torch.device, float_dtypes: tuple[torch.dtype, ...], randomise: Randomise, fast: bool
+    device: torch.device,
+    float_dtypes: tuple[torch.dtype, ...],
+    randomise: kit.Randomise,
+    fast: bool,
 ) -> None:
     cfg = ModelConfig(V=23, T=14, C=16, L=2, H=2, d_ff=12, dropout=0.0)
     for dtype in float_dtypes:
-        model = _flatten(_model(cfg, device, dtype, randomise, 5, fast), 0.4)
-        prompt = _tokens(cfg, 3, 4, 3, device)  # (3, 4)
+        model = _flatten(kit.model(cfg, device, dtype, randomise, 5, fast), 0.4)
+        prompt = kit.tokens(cfg, 3, 4, 3, device)  # (3, 4)
         for mask in (None, torch.ones(3, 4, dtype=torch.bool, device=device)):
             knobs: dict[str, Any] = {"temperature": 0.9, "top_k": 9, "top_p": 0.9}
             ids, traces = generate(
@@ -618,46 +602,32 @@ def test_no_padding_is_kv_cache_generate_bit_for_bit(
 # --- the model afterwards ---------------------------------------------------------------------
 
 
-def _state(model: GPT) -> tuple[list[Any], list[bool], dict[str, torch.Tensor]]:
-    return (
-        [(type(m), sorted(vars(m))) for m in model.modules()],
-        [m.training for m in model.modules()],
-        {k: v.clone() for k, v in model.state_dict().items()},
-    )
-
-
-def _assert_same_state(model: GPT, before: tuple[Any, ...]) -> None:
-    classes, flags, weights = _state(model)
-    assert classes == before[0]
-    assert flags == before[1]
-    for k, v in weights.items():
-        assert torch.equal(v, before[2][k]), k
-
-
 @pytest.mark.invariant("padding.leaves_model")
 @pytest.mark.parametrize("fast", [False, True])
 @pytest.mark.parametrize("training", [False, True])
 def test_generate_hands_the_model_back_as_it_was(
-    device: torch.device, randomise: Randomise, fast: bool, training: bool
+    device: torch.device, randomise: kit.Randomise, fast: bool, training: bool
 ) -> None:
     cfg = ModelConfig(V=21, T=12, C=16, L=2, H=2, d_ff=12, dropout=0.1)
-    model = _model(cfg, device, torch.float32, randomise, 6, fast).train(training)
-    before = _state(model)
-    prompt = _tokens(cfg, 2, 4, 1, device)  # (2, 4)
+    model = kit.model(cfg, device, torch.float32, randomise, 6, fast).train(training)
+    before = kit.state(model)
+    prompt = kit.tokens(cfg, 2, 4, 1, device)  # (2, 4)
     gens = [_generator(device, 1), _generator(device, 2)]
-    generate(model, prompt, _mask([2, 0], 4, device), 5, top_p=0.9, generator=gens, trace_layer=1)
-    _assert_same_state(model, before)
+    generate(
+        model, prompt, kit.mask([2, 0], 4, device), 5, top_p=0.9, generator=gens, trace_layer=1
+    )
+    kit.assert_same_state(model, before)
     assert all(type(b.attn) is CausalSelfAttention for b in model.blocks)
     assert all(b.attn.kernel is (sdpa_kernel if fast else None) for b in model.blocks)
 
 
 @pytest.mark.invariant("padding.leaves_model")
 def test_generate_restores_the_model_when_a_step_fails(
-    device: torch.device, randomise: Randomise
+    device: torch.device, randomise: kit.Randomise
 ) -> None:
     cfg = ModelConfig(V=21, T=12, C=16, L=2, H=2, d_ff=12, dropout=0.0)
-    model = _model(cfg, device, torch.float32, randomise, 6)
-    before = _state(model)
+    model = kit.model(cfg, device, torch.float32, randomise, 6)
+    before = kit.state(model)
     calls = []
 
     def fail_on_third(module: torch.nn.Module, args: tuple[Any, ...]) -> None:
@@ -668,10 +638,10 @@ def test_generate_restores_the_model_when_a_step_fails(
     handle = model.blocks[1].register_forward_pre_hook(fail_on_third)
     try:
         with pytest.raises(RuntimeError, match="injected failure"):
-            generate(model, _tokens(cfg, 2, 3, 1, device), _mask([1, 0], 3, device), 6)
+            generate(model, kit.tokens(cfg, 2, 3, 1, device), kit.mask([1, 0], 3, device), 6)
     finally:
         handle.remove()
-    _assert_same_state(model, before)
+    kit.assert_same_state(model, before)
     assert all(type(b.attn) is CausalSelfAttention for b in model.blocks)
 
 
@@ -684,20 +654,26 @@ def _bad_calls(
     device: torch.device,
 ) -> dict[str, tuple[Any, Any, tuple[Any, ...], dict[str, Any], list[str]]]:
     """name -> (prompt, mask, args after the mask, keywords, strings the message must hold)."""
-    good = _tokens(BAD_CFG, 2, 3, 0, device)  # (2, 3)
-    mask = _mask([1, 0], 3, device)  # (2, 3)
+    good = kit.tokens(BAD_CFG, 2, 3, 0, device)  # (2, 3)
+    mask = kit.mask([1, 0], 3, device)  # (2, 3)
     other = torch.device("meta") if device.type == "cpu" else torch.device("cpu")
-    empty_row = _mask([3, 0], 3, device)  # row 0 has no real token
+    empty_row = kit.mask([3, 0], 3, device)  # row 0 has no real token
     right = mask.flip(-1)
     gens = [_generator(device, 0), _generator(device, 1)]
     return {
         # the padded width counts: one new token too many for t = 3
         "too-long": (good, mask, (BAD_CFG.T - 3 + 1,), {}, []),
         # the padded width counts, though every row's real length would fit
-        "too-long-every-row-padded": (good, _mask([1, 2], 3, device), (BAD_CFG.T - 3 + 1,), {}, []),
+        "too-long-every-row-padded": (
+            good,
+            kit.mask([1, 2], 3, device),
+            (BAD_CFG.T - 3 + 1,),
+            {},
+            [],
+        ),
         "prompt-longer-than-T": (
-            _tokens(BAD_CFG, 1, BAD_CFG.T + 1, 0, device),
-            _mask([4], BAD_CFG.T + 1, device),
+            kit.tokens(BAD_CFG, 1, BAD_CFG.T + 1, 0, device),
+            kit.mask([4], BAD_CFG.T + 1, device),
             (0,),
             {},
             [],
@@ -706,7 +682,7 @@ def _bad_calls(
         "mask-float": (good, mask.float(), (2,), {}, ["torch.bool", "torch.float32"]),
         "mask-list": (good, mask.tolist(), (2,), {}, []),
         "mask-shorter": (good, mask[:, :2], (2,), {}, ["(2, 3)", "(2, 2)"]),
-        "mask-more-rows": (good, _mask([1, 0, 0], 3, device), (2,), {}, ["(2, 3)", "(3, 3)"]),
+        "mask-more-rows": (good, kit.mask([1, 0, 0], 3, device), (2,), {}, ["(2, 3)", "(3, 3)"]),
         "mask-other-device": (good, mask.to(other), (2,), {}, [str(good.device), str(other)]),
         "mask-right-padded": (good, right, (2,), {}, ["row 0"]),
         "row-without-real-token": (good, empty_row, (2,), {}, ["row 0"]),
@@ -742,33 +718,16 @@ def _bad_calls(
     }
 
 
-def _watch_attention_writes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Record every attribute write on an attention module (``__class__`` included).
-
-    Switching a module or attaching a cache writes to it; "before any module
-    changes" means none of that happens before an error, even where the
-    module would be handed back afterwards.
-    """
-    writes: list[str] = []
-
-    def spy(module: torch.nn.Module, name: str, value: Any) -> None:
-        writes.append(f"{type(module).__name__}.{name}")
-        torch.nn.Module.__setattr__(module, name, value)
-
-    monkeypatch.setattr(CausalSelfAttention, "__setattr__", spy)
-    return writes
-
-
 @pytest.mark.invariant("padding.rejects_bad_input")
 @pytest.mark.invariant("padding.leaves_model")
 @pytest.mark.parametrize("case", sorted(_bad_calls(torch.device("cpu"))))
 def test_generate_rejects_bad_input_before_any_work(
-    device: torch.device, randomise: Randomise, case: str, monkeypatch: pytest.MonkeyPatch
+    device: torch.device, randomise: kit.Randomise, case: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     prompt, mask, args, kwargs, needles = _bad_calls(device)[case]
-    model = _model(BAD_CFG, device, torch.float32, randomise, 0)
-    before = _state(model)
-    writes = _watch_attention_writes(monkeypatch)
+    model = kit.model(BAD_CFG, device, torch.float32, randomise, 0)
+    before = kit.state(model)
+    writes = kit.watch_attention_writes(monkeypatch)
     forwards: list[str] = []
     handles = [
         module.register_forward_pre_hook(lambda m, a: forwards.append(type(m).__name__))
@@ -785,32 +744,32 @@ def test_generate_rejects_bad_input_before_any_work(
     message = str(caught.value)
     for needle in needles:
         assert needle in message, f"{needle!r} not named in {message!r}"
-    _assert_same_state(model, before)
+    kit.assert_same_state(model, before)
 
 
 @pytest.mark.invariant("padding.rejects_bad_input")
 def test_generate_rejects_models_it_cannot_switch(
-    device: torch.device, randomise: Randomise
+    device: torch.device, randomise: kit.Randomise
 ) -> None:
-    model = _model(BAD_CFG, device, torch.float32, randomise, 0)
-    prompt = _tokens(BAD_CFG, 2, 3, 1, device)  # (2, 3)
-    mask = _mask([1, 0], 3, device)
+    model = kit.model(BAD_CFG, device, torch.float32, randomise, 0)
+    prompt = kit.tokens(BAD_CFG, 2, 3, 1, device)  # (2, 3)
+    mask = kit.mask([1, 0], 3, device)
     with pytest.raises(InputError):
         generate(model.blocks, prompt, mask, 1)  # type: ignore[arg-type]
     use_kv_cache(model, 2)  # switched for cached generation: drop_kv_cache first
-    before = _state(model)
+    before = kit.state(model)
     with pytest.raises(InputError):
         generate(model, prompt, mask, 1)
-    _assert_same_state(model, before)
+    kit.assert_same_state(model, before)
 
 
 @pytest.mark.invariant("padding.rejects_bad_input")
 def test_generators_must_live_on_the_models_device(
-    device: torch.device, randomise: Randomise
+    device: torch.device, randomise: kit.Randomise
 ) -> None:
-    model = _model(BAD_CFG, device, torch.float32, randomise, 0)
-    prompt = _tokens(BAD_CFG, 2, 3, 0, device)  # (2, 3)
-    mask = _mask([1, 0], 3, device)
+    model = kit.model(BAD_CFG, device, torch.float32, randomise, 0)
+    prompt = kit.tokens(BAD_CFG, 2, 3, 0, device)  # (2, 3)
+    mask = kit.mask([1, 0], 3, device)
     own = generate(model, prompt, mask, 2, generator=[_generator(device, 0), _generator(device, 1)])
     assert isinstance(own, torch.Tensor) and own.shape == (2, 5)
     if device.type != "cpu":  # CPU generators for a model elsewhere
@@ -823,15 +782,15 @@ def test_generators_must_live_on_the_models_device(
 @pytest.mark.invariant("padding.rejects_bad_input")
 @pytest.mark.invariant("padding.leaves_model")
 def test_generate_puts_no_hook_on_the_model_before_its_checks(
-    device: torch.device, randomise: Randomise, monkeypatch: pytest.MonkeyPatch
+    device: torch.device, randomise: kit.Randomise, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """3.1: generate may run kv_cache.generate inside the frame's hooks; a call its own checks
     refuse gets none of them. Here the padded width plus the new tokens pass cfg.T while
     the real prompts are short, and a generator list has the wrong length."""
     cfg = ModelConfig(V=11, T=8, C=8, L=1, H=2, d_ff=8, dropout=0.0)
-    model = _model(cfg, device, torch.float32, randomise, 0)
-    prompt = _tokens(cfg, 2, 5, 0, device)  # (2, 5)
-    mask = _mask([3, 3], 5, device)  # real prompts of 2 tokens: 2 + 4 <= 8, but 5 + 4 > 8
+    model = kit.model(cfg, device, torch.float32, randomise, 0)
+    prompt = kit.tokens(cfg, 2, 5, 0, device)  # (2, 5)
+    mask = kit.mask([3, 3], 5, device)  # real prompts of 2 tokens: 2 + 4 <= 8, but 5 + 4 > 8
     hooked: list[str] = []
     real = torch.nn.Module.register_forward_pre_hook
 

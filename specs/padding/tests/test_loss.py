@@ -11,7 +11,8 @@ and in gradient.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import importlib.util
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,14 +27,10 @@ from niels_gpt.model.fastpath import use_fast_attention
 from niels_gpt.model.gpt import GPT
 from niels_gpt.model.padding import padded_cross_entropy, padded_forward
 
-Tol = Callable[[torch.dtype], dict[str, float]]
-Randomise = Callable[[torch.nn.Module, int], None]
-
-
-def _mask(pads: list[int], t: int, device: torch.device) -> torch.Tensor:
-    """The (B, t) left-padding mask: row b is False on its first pads[b] columns."""
-    cols = torch.arange(t)  # (t,)
-    return (cols[None, :] >= torch.tensor(pads)[:, None]).to(device)  # (B, t) bool
+_SPEC = importlib.util.spec_from_file_location("padding_kit", Path(__file__).with_name("_kit.py"))
+assert _SPEC is not None and _SPEC.loader is not None
+kit = importlib.util.module_from_spec(_SPEC)  # the stage's shared builders (_kit.py)
+_SPEC.loader.exec_module(kit)
 
 
 def _garbage_at_pads(targets: torch.Tensor, mask: torch.Tensor, V: int) -> torch.Tensor:
@@ -68,7 +65,7 @@ def reference_loss(logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tens
 def test_loss_is_the_token_mean_over_real_inputs(
     device: torch.device,
     float_dtypes: tuple[torch.dtype, ...],
-    tol: Tol,
+    tol: kit.Tol,
     B: int,
     t: int,
     V: int,
@@ -77,7 +74,7 @@ def test_loss_is_the_token_mean_over_real_inputs(
 ) -> None:
     dtype = data.draw(st.sampled_from(float_dtypes))
     pads = data.draw(st.lists(st.integers(0, t), min_size=B, max_size=B))  # t: all padding
-    mask = _mask(pads, t, device)
+    mask = kit.mask(pads, t, device)
     gen = torch.Generator().manual_seed(seed)
     logits = (torch.randn(B, t, V, generator=gen) * 3).to(device, dtype).requires_grad_()
     targets = torch.randint(0, V, (B, t), generator=gen).to(device)  # (B, t)
@@ -117,7 +114,7 @@ def test_the_prediction_of_the_first_real_token_from_a_pad_does_not_count(
     logits = torch.zeros(1, 5, 4, device=device)  # (1, 5, 4): uniform, loss log 4 a token
     logits[0, 1, 0] = 50.0  # a confident right answer at the last pad: must not lower the loss
     targets = torch.tensor([[3, 0, 1, 2, 3]], device=device)  # (1, 5)
-    loss = padded_cross_entropy(logits, targets, _mask([2], 5, device))
+    loss = padded_cross_entropy(logits, targets, kit.mask([2], 5, device))
     torch.testing.assert_close(loss, torch.log(torch.tensor(4.0, device=device)))
 
 
@@ -127,8 +124,8 @@ def test_the_prediction_of_the_first_real_token_from_a_pad_does_not_count(
 def test_training_loss_of_a_padded_batch_is_that_of_the_rows_alone(
     device: torch.device,
     float_dtypes: tuple[torch.dtype, ...],
-    tol: Tol,
-    randomise: Randomise,
+    tol: kit.Tol,
+    randomise: kit.Randomise,
     fast: bool,
 ) -> None:
     # ids = sequence[:, :-1], targets = sequence[:, 1:], one mask for the inputs.
@@ -143,7 +140,7 @@ def test_training_loss_of_a_padded_batch_is_that_of_the_rows_alone(
     gen = torch.Generator().manual_seed(1)
     seq = torch.randint(0, cfg.V, (len(pads), t + 1), generator=gen).to(device)  # (B, t + 1)
     ids, targets = seq[:, :-1], seq[:, 1:]  # (B, t) each
-    mask = _mask(pads, t, device)
+    mask = kit.mask(pads, t, device)
     loss = padded_cross_entropy(padded_forward(model, ids, mask), targets, mask)  # type: ignore[arg-type]
     loss.backward()
     got = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
@@ -183,7 +180,7 @@ def _bad_calls(device: torch.device) -> dict[str, tuple[Any, Any, Any, list[str]
     gen = torch.Generator().manual_seed(0)
     logits = torch.randn(2, 4, 7, generator=gen).to(device)  # (2, 4, 7)
     targets = torch.randint(0, 7, (2, 4), generator=gen).to(device)  # (2, 4)
-    mask = _mask([1, 0], 4, device)  # (2, 4)
+    mask = kit.mask([1, 0], 4, device)  # (2, 4)
     other = torch.device("meta") if device.type == "cpu" else torch.device("cpu")
     return {
         "logits-2-d": (logits[0], targets[0], mask[0], []),

@@ -12,8 +12,10 @@ has ``pads[b]`` leading pads, then its real tokens; a row may be all padding.
 from __future__ import annotations
 
 import copy
+import importlib.util
 import math
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,38 +26,15 @@ from hypothesis import strategies as st
 from niels_gpt.checks import InputError
 from niels_gpt.config import ModelConfig
 from niels_gpt.model.attention import CausalSelfAttention
-from niels_gpt.model.fastpath import sdpa_kernel, use_fast_attention
+from niels_gpt.model.fastpath import sdpa_kernel
 from niels_gpt.model.gpt import GPT
 from niels_gpt.model.kv_cache import use_kv_cache
 from niels_gpt.model.padding import padded_forward
 
-Tol = Callable[[torch.dtype], dict[str, float]]
-Randomise = Callable[[torch.nn.Module, int], None]
-
-
-def _model(
-    cfg: ModelConfig,
-    device: torch.device,
-    dtype: torch.dtype,
-    randomise: Randomise,
-    seed: int = 0,
-    fast: bool = False,
-) -> GPT:
-    model = GPT(cfg)
-    randomise(model, seed)
-    model.to(device=device, dtype=dtype).eval()
-    return use_fast_attention(model) if fast else model  # type: ignore[return-value]
-
-
-def _tokens(cfg: ModelConfig, B: int, t: int, seed: int, device: torch.device) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(seed)
-    return torch.randint(0, cfg.V, (B, t), generator=gen).to(device)  # (B, t)
-
-
-def _mask(pads: list[int], t: int, device: torch.device) -> torch.Tensor:
-    """The (B, t) left-padding mask: row b is False on its first pads[b] columns."""
-    cols = torch.arange(t)  # (t,)
-    return (cols[None, :] >= torch.tensor(pads)[:, None]).to(device)  # (B, t) bool
+_SPEC = importlib.util.spec_from_file_location("padding_kit", Path(__file__).with_name("_kit.py"))
+assert _SPEC is not None and _SPEC.loader is not None
+kit = importlib.util.module_from_spec(_SPEC)  # the stage's shared builders (_kit.py)
+_SPEC.loader.exec_module(kit)
 
 
 @st.composite
@@ -146,17 +125,17 @@ def reference_row(model: GPT, tokens: list[int]) -> tuple[torch.Tensor, list[tor
 def test_padded_batch_matches_a_reference_from_the_formulas(
     device: torch.device,
     float_dtypes: tuple[torch.dtype, ...],
-    tol: Tol,
-    randomise: Randomise,
+    tol: kit.Tol,
+    randomise: kit.Randomise,
     fast: bool,
 ) -> None:
     cfg = ModelConfig(V=27, T=11, C=24, L=3, H=3, d_ff=20, dropout=0.0, rope_theta=123.0)
     pads, t = [0, 4, 11, 10, 7], cfg.T  # unpadded, padded, all padding, one token, padded
     dtype = float_dtypes[-1]  # float64 where the device has it
-    model = _model(cfg, device, dtype, randomise, 17, fast)
-    ids = _tokens(cfg, len(pads), t, 4, device)  # (B, t)
+    model = kit.model(cfg, device, dtype, randomise, 17, fast)
+    ids = kit.tokens(cfg, len(pads), t, 4, device)  # (B, t)
     with torch.no_grad():
-        logits, trace = padded_forward(model, ids, _mask(pads, t, device), trace_layer=2)
+        logits, trace = padded_forward(model, ids, kit.mask(pads, t, device), trace_layer=2)
     full = trace["attn_full"]
     assert full is not None
     for b, p in enumerate(pads):
@@ -178,8 +157,8 @@ def test_padded_batch_matches_a_reference_from_the_formulas(
 def test_real_positions_match_the_row_alone(
     device: torch.device,
     float_dtypes: tuple[torch.dtype, ...],
-    tol: Tol,
-    randomise: Randomise,
+    tol: kit.Tol,
+    randomise: kit.Randomise,
     cfg: ModelConfig,
     fast: bool,
     seed: int,
@@ -187,9 +166,9 @@ def test_real_positions_match_the_row_alone(
 ) -> None:
     dtype = data.draw(st.sampled_from(float_dtypes))
     t, pads = data.draw(padded_shapes(cfg.T))
-    model = _model(cfg, device, dtype, randomise, seed, fast)
-    ids = _tokens(cfg, len(pads), t, seed, device)  # (B, t), pads hold random ids
-    mask = _mask(pads, t, device)
+    model = kit.model(cfg, device, dtype, randomise, seed, fast)
+    ids = kit.tokens(cfg, len(pads), t, seed, device)  # (B, t), pads hold random ids
+    mask = kit.mask(pads, t, device)
     with torch.no_grad():
         logits = padded_forward(model, ids, mask)  # (B, t, V)
         assert isinstance(logits, torch.Tensor)
@@ -199,7 +178,7 @@ def test_real_positions_match_the_row_alone(
             if p < t:
                 alone = model(ids[b : b + 1, p:])  # (1, t - p, V)
                 torch.testing.assert_close(logits[b, p:], alone[0], **tol(dtype))
-        other_pads = torch.where(mask, ids, _tokens(cfg, len(pads), t, seed + 1, device))
+        other_pads = torch.where(mask, ids, kit.tokens(cfg, len(pads), t, seed + 1, device))
         again = padded_forward(model, other_pads, mask)  # the pad ids changed, nothing else
         torch.testing.assert_close(again, logits, **tol(dtype))
 
@@ -209,23 +188,23 @@ def test_real_positions_match_the_row_alone(
 def test_any_amount_of_padding_gives_the_same_logits(
     device: torch.device,
     float_dtypes: tuple[torch.dtype, ...],
-    tol: Tol,
-    randomise: Randomise,
+    tol: kit.Tol,
+    randomise: kit.Randomise,
     fast: bool,
 ) -> None:
     # One real row of 3 tokens, left-padded to every width from 3 to T with random
     # pad ids, beside an unpadded row of that width.
     cfg = ModelConfig(V=29, T=11, C=24, L=2, H=3, d_ff=20, dropout=0.0, rope_theta=71.0)
     for dtype in float_dtypes:
-        model = _model(cfg, device, dtype, randomise, 5, fast)
-        real = _tokens(cfg, 1, 3, 1, device)  # (1, 3)
+        model = kit.model(cfg, device, dtype, randomise, 5, fast)
+        real = kit.tokens(cfg, 1, 3, 1, device)  # (1, 3)
         with torch.no_grad():
             alone = model(real)[0]  # (3, V)
         for width in range(3, cfg.T + 1):
-            ids = _tokens(cfg, 2, width, width, device)  # (2, width): pad ids and a full row
+            ids = kit.tokens(cfg, 2, width, width, device)  # (2, width): pad ids and a full row
             ids[0, width - 3 :] = real[0]
             with torch.no_grad():
-                logits = padded_forward(model, ids, _mask([width - 3, 0], width, device))
+                logits = padded_forward(model, ids, kit.mask([width - 3, 0], width, device))
                 full_row = model(ids[1:])[0]  # (width, V)
             assert isinstance(logits, torch.Tensor)
             torch.testing.assert_close(logits[0, width - 3 :], alone, **tol(dtype))
@@ -242,8 +221,8 @@ def test_any_amount_of_padding_gives_the_same_logits(
 def test_trace_masks_padding_exactly(
     device: torch.device,
     float_dtypes: tuple[torch.dtype, ...],
-    tol: Tol,
-    randomise: Randomise,
+    tol: kit.Tol,
+    randomise: kit.Randomise,
     cfg: ModelConfig,
     fast: bool,
     seed: int,
@@ -253,9 +232,9 @@ def test_trace_masks_padding_exactly(
     layer = data.draw(st.integers(0, cfg.L - 1))
     t, pads = data.draw(padded_shapes(cfg.T))
     B = len(pads)
-    model = _model(cfg, device, dtype, randomise, seed, fast)
-    ids = _tokens(cfg, B, t, seed, device)  # (B, t)
-    mask = _mask(pads, t, device)
+    model = kit.model(cfg, device, dtype, randomise, seed, fast)
+    ids = kit.tokens(cfg, B, t, seed, device)  # (B, t)
+    mask = kit.mask(pads, t, device)
     with torch.no_grad():
         logits, trace = padded_forward(model, ids, mask, trace_layer=layer)
         plain = padded_forward(model, ids, mask)
@@ -282,12 +261,15 @@ def test_trace_masks_padding_exactly(
 @pytest.mark.invariant("padding.output_contract")
 @pytest.mark.parametrize("fast", [False, True])
 def test_a_batch_of_nothing_but_padding_gives_zeros(
-    device: torch.device, float_dtypes: tuple[torch.dtype, ...], randomise: Randomise, fast: bool
+    device: torch.device,
+    float_dtypes: tuple[torch.dtype, ...],
+    randomise: kit.Randomise,
+    fast: bool,
 ) -> None:
     cfg = ModelConfig(V=13, T=6, C=8, L=2, H=2, d_ff=8, dropout=0.0)
     for dtype in float_dtypes:
-        model = _model(cfg, device, dtype, randomise, 3, fast)
-        ids = _tokens(cfg, 2, 5, 1, device)  # (2, 5)
+        model = kit.model(cfg, device, dtype, randomise, 3, fast)
+        ids = kit.tokens(cfg, 2, 5, 1, device)  # (2, 5)
         mask = torch.zeros(2, 5, dtype=torch.bool, device=device)  # (2, 5), no real token
         logits, trace = padded_forward(model, ids, mask, trace_layer=0)
         assert logits.shape == (2, 5, cfg.V) and not logits.any()
@@ -307,16 +289,16 @@ def test_a_batch_of_nothing_but_padding_gives_zeros(
 def test_a_real_token_changes_nothing_before_it_or_in_other_rows(
     device: torch.device,
     float_dtypes: tuple[torch.dtype, ...],
-    tol: Tol,
-    randomise: Randomise,
+    tol: kit.Tol,
+    randomise: kit.Randomise,
     fast: bool,
 ) -> None:
     cfg = ModelConfig(V=31, T=10, C=16, L=2, H=2, d_ff=12, dropout=0.0, rope_theta=40.0)
     pads = [3, 0, 6, 10]
     for dtype in float_dtypes:
-        model = _model(cfg, device, dtype, randomise, 7, fast)
-        ids = _tokens(cfg, 4, cfg.T, 3, device)  # (4, T)
-        mask = _mask(pads, cfg.T, device)
+        model = kit.model(cfg, device, dtype, randomise, 7, fast)
+        ids = kit.tokens(cfg, 4, cfg.T, 3, device)  # (4, T)
+        mask = kit.mask(pads, cfg.T, device)
         with torch.no_grad():
             base = padded_forward(model, ids, mask)  # (4, T, V)
             assert isinstance(base, torch.Tensor)
@@ -344,14 +326,14 @@ def test_a_real_token_changes_nothing_before_it_or_in_other_rows(
 def test_no_padding_is_the_models_own_forward_bit_for_bit(
     device: torch.device,
     float_dtypes: tuple[torch.dtype, ...],
-    randomise: Randomise,
+    randomise: kit.Randomise,
     fast: bool,
     training: bool,
 ) -> None:
     cfg = ModelConfig(V=37, T=12, C=24, L=3, H=3, d_ff=20, dropout=0.2, rope_theta=300.0)
     for dtype in float_dtypes:
-        model = _model(cfg, device, dtype, randomise, 9, fast).train(training)
-        ids = _tokens(cfg, 3, 9, 4, device)  # (3, 9)
+        model = kit.model(cfg, device, dtype, randomise, 9, fast).train(training)
+        ids = kit.tokens(cfg, 3, 9, 4, device)  # (3, 9)
         for mask in (None, torch.ones(3, 9, dtype=torch.bool, device=device)):
             torch.manual_seed(11)
             got = padded_forward(model, ids, mask)
@@ -400,21 +382,21 @@ def _assert_grads_close(
 def test_gradients_are_finite_and_those_of_the_rows_alone(
     device: torch.device,
     float_dtypes: tuple[torch.dtype, ...],
-    tol: Tol,
-    randomise: Randomise,
+    tol: kit.Tol,
+    randomise: kit.Randomise,
     fast: bool,
 ) -> None:
     cfg = ModelConfig(V=23, T=9, C=16, L=2, H=2, d_ff=12, dropout=0.0, rope_theta=90.0)
     pads = [0, 4, 8, 9, 2]  # row 2 has a single real token, row 3 none
     B, t = len(pads), cfg.T
     for dtype in float_dtypes:
-        model = _model(cfg, device, dtype, randomise, 13, fast)
-        ids = _tokens(cfg, B, t, 6, device)  # (B, t)
+        model = kit.model(cfg, device, dtype, randomise, 13, fast)
+        ids = kit.tokens(cfg, B, t, 6, device)  # (B, t)
         gen = torch.Generator().manual_seed(2)
         g = torch.randn(B, t, cfg.V, generator=gen, dtype=dtype).to(device)  # (B, t, V)
         g2 = torch.randn(B, cfg.H, t, t, generator=gen, dtype=dtype).to(device)  # (B, H, t, t)
         model.zero_grad()
-        logits, trace = padded_forward(model, ids, _mask(pads, t, device), trace_layer=1)
+        logits, trace = padded_forward(model, ids, kit.mask(pads, t, device), trace_layer=1)
         full = trace["attn_full"]
         assert full is not None
         ((logits * g).sum() + (full * g2).sum()).backward()  # every padded query row included
@@ -438,19 +420,19 @@ def test_gradients_are_finite_and_those_of_the_rows_alone(
 def test_gradients_of_any_padded_batch_are_the_rows_alone(
     device: torch.device,
     float_dtypes: tuple[torch.dtype, ...],
-    tol: Tol,
-    randomise: Randomise,
+    tol: kit.Tol,
+    randomise: kit.Randomise,
     cfg: ModelConfig,
     seed: int,
     data: st.DataObject,
 ) -> None:
     dtype = float_dtypes[-1]
     t, pads = data.draw(padded_shapes(cfg.T))
-    model = _model(cfg, device, dtype, randomise, seed)
-    ids = _tokens(cfg, len(pads), t, seed, device)  # (B, t)
+    model = kit.model(cfg, device, dtype, randomise, seed)
+    ids = kit.tokens(cfg, len(pads), t, seed, device)  # (B, t)
     g = torch.randn(len(pads), t, cfg.V, generator=torch.Generator().manual_seed(seed))
     g = g.to(device, dtype)  # (B, t, V)
-    logits = padded_forward(model, ids, _mask(pads, t, device))
+    logits = padded_forward(model, ids, kit.mask(pads, t, device))
     assert isinstance(logits, torch.Tensor)
     (logits * g).sum().backward()
     got = _grads(model)
@@ -477,13 +459,13 @@ def _set_rates(model: GPT, emb: float, attn: float, resid: float, block: float) 
 @pytest.mark.invariant("padding.dropout_in_training")
 @pytest.mark.parametrize("fast", [False, True])
 def test_training_mode_applies_every_dropout_of_the_model(
-    device: torch.device, tol: Tol, randomise: Randomise, fast: bool
+    device: torch.device, tol: kit.Tol, randomise: kit.Randomise, fast: bool
 ) -> None:
     # cfg.dropout is 0: only the rates set on the modules at call time can drop anything.
     cfg = ModelConfig(V=19, T=10, C=16, L=2, H=2, d_ff=12, dropout=0.0)
-    model = _model(cfg, device, torch.float32, randomise, 4, fast)
-    ids = _tokens(cfg, 3, 10, 8, device)  # (3, 10)
-    mask = _mask([0, 4, 7], 10, device)
+    model = kit.model(cfg, device, torch.float32, randomise, 4, fast)
+    ids = kit.tokens(cfg, 3, 10, 8, device)  # (3, 10)
+    mask = kit.mask([0, 4, 7], 10, device)
 
     def run(rates: tuple[float, float, float, float], training: bool) -> tuple[torch.Tensor, Any]:
         _set_rates(model, *rates)
@@ -512,21 +494,21 @@ def test_training_mode_applies_every_dropout_of_the_model(
 @pytest.mark.invariant("padding.dropout_in_training")
 @pytest.mark.parametrize("which", [1, 2])
 def test_a_dropout_rate_of_one_is_applied_where_the_model_applies_it(
-    device: torch.device, tol: Tol, randomise: Randomise, which: int
+    device: torch.device, tol: kit.Tol, randomise: kit.Randomise, which: int
 ) -> None:
     # Rate 1 drops everything, which is deterministic: attention dropout (which=1)
     # or residual dropout (which=2) at 1 zeroes every attention branch, so the
     # padded rows must equal the rows alone through the model in the same state.
     cfg = ModelConfig(V=19, T=9, C=16, L=2, H=2, d_ff=12, dropout=0.0)
-    model = _model(cfg, device, torch.float32, randomise, 8)
+    model = kit.model(cfg, device, torch.float32, randomise, 8)
     rates = [0.0, 0.0, 0.0, 0.0]
     rates[which] = 1.0
     _set_rates(model, *rates)
     model.train()
     pads = [0, 3, 8]
-    ids = _tokens(cfg, 3, cfg.T, 2, device)  # (3, T)
+    ids = kit.tokens(cfg, 3, cfg.T, 2, device)  # (3, T)
     with torch.no_grad():
-        logits, trace = padded_forward(model, ids, _mask(pads, cfg.T, device), trace_layer=1)
+        logits, trace = padded_forward(model, ids, kit.mask(pads, cfg.T, device), trace_layer=1)
         for b, p in enumerate(pads):
             alone, ref = model.forward_with_attn_trace(ids[b : b + 1, p:], 1, True)
             torch.testing.assert_close(logits[b, p:], alone[0], **tol(torch.float32))
@@ -557,8 +539,8 @@ def test_under_autocast_real_positions_stay_within_the_derived_bound(
     model = GPT(cfg).to(device).eval()
     exact_model = copy.deepcopy(model).to("cpu", torch.float64)
     pads = [0, 5, 11]
-    ids = _tokens(cfg, 3, cfg.T, 3, device)  # (3, T)
-    mask = _mask(pads, cfg.T, device)
+    ids = kit.tokens(cfg, 3, cfg.T, 3, device)  # (3, T)
+    mask = kit.mask(pads, cfg.T, device)
     stages, reduction = 8 * cfg.L + 1, max(cfg.C, cfg.d_ff, cfg.T)
     for dtype in AUTOCAST[device.type]:
         with torch.no_grad(), torch.autocast(device.type, dtype=dtype):
@@ -579,13 +561,16 @@ def test_under_autocast_real_positions_stay_within_the_derived_bound(
 @pytest.mark.invariant("padding.output_contract")
 @pytest.mark.parametrize("fast", [False, True])
 def test_output_shapes_and_dtypes_are_the_explicit_paths(
-    device: torch.device, float_dtypes: tuple[torch.dtype, ...], randomise: Randomise, fast: bool
+    device: torch.device,
+    float_dtypes: tuple[torch.dtype, ...],
+    randomise: kit.Randomise,
+    fast: bool,
 ) -> None:
     cfg = ModelConfig(V=17, T=8, C=16, L=2, H=4, d_ff=12, dropout=0.1)
     for dtype in float_dtypes:
-        model = _model(cfg, device, dtype, randomise, 2, fast)
-        ids = _tokens(cfg, 3, 7, 5, device)  # (3, 7)
-        mask = _mask([2, 0, 6], 7, device)
+        model = kit.model(cfg, device, dtype, randomise, 2, fast)
+        ids = kit.tokens(cfg, 3, 7, 5, device)  # (3, 7)
+        mask = kit.mask([2, 0, 6], 7, device)
         with torch.no_grad():
             _, explicit = model.forward_with_attn_trace(ids, 0, return_full_attn=True)
             logits = padded_forward(model, ids, mask)
@@ -603,51 +588,35 @@ def test_output_shapes_and_dtypes_are_the_explicit_paths(
 # --- the model afterwards -----------------------------------------------------------------------
 
 
-def _state(model: GPT) -> tuple[list[Any], list[bool], dict[str, torch.Tensor]]:
-    return (
-        [(type(m), sorted(vars(m))) for m in model.modules()],
-        [m.training for m in model.modules()],
-        {k: v.clone() for k, v in model.state_dict().items()},
-    )
-
-
-def _assert_same_state(model: GPT, before: tuple[Any, ...]) -> None:
-    classes, flags, weights = _state(model)
-    assert classes == before[0]
-    assert flags == before[1]
-    for k, v in weights.items():
-        assert torch.equal(v, before[2][k]), k
-
-
 @pytest.mark.invariant("padding.leaves_model")
 @pytest.mark.parametrize("fast", [False, True])
 @pytest.mark.parametrize("training", [False, True])
 def test_padded_forward_hands_the_model_back_as_it_was(
-    device: torch.device, randomise: Randomise, fast: bool, training: bool
+    device: torch.device, randomise: kit.Randomise, fast: bool, training: bool
 ) -> None:
     cfg = ModelConfig(V=21, T=8, C=16, L=2, H=2, d_ff=12, dropout=0.1)
-    model = _model(cfg, device, torch.float32, randomise, 6, fast).train(training)
-    before = _state(model)
-    ids = _tokens(cfg, 2, 8, 1, device)  # (2, 8)
-    logits = padded_forward(model, ids, _mask([3, 0], 8, device), trace_layer=1)[0]
+    model = kit.model(cfg, device, torch.float32, randomise, 6, fast).train(training)
+    before = kit.state(model)
+    ids = kit.tokens(cfg, 2, 8, 1, device)  # (2, 8)
+    logits = padded_forward(model, ids, kit.mask([3, 0], 8, device), trace_layer=1)[0]
     logits.sum().backward()
-    _assert_same_state(model, before)
+    kit.assert_same_state(model, before)
     assert all(type(b.attn) is CausalSelfAttention for b in model.blocks)
     assert all(b.attn.kernel is (sdpa_kernel if fast else None) for b in model.blocks)
     model.zero_grad()
     with torch.no_grad():
-        padded_forward(model, ids, _mask([0, 5], 8, device))
-    _assert_same_state(model, before)
+        padded_forward(model, ids, kit.mask([0, 5], 8, device))
+    kit.assert_same_state(model, before)
 
 
 @pytest.mark.invariant("padding.leaves_model")
 @pytest.mark.parametrize("fast", [False, True])
 def test_padded_forward_restores_the_model_when_a_layer_fails(
-    device: torch.device, randomise: Randomise, fast: bool
+    device: torch.device, randomise: kit.Randomise, fast: bool
 ) -> None:
     cfg = ModelConfig(V=21, T=8, C=16, L=2, H=2, d_ff=12, dropout=0.0)
-    model = _model(cfg, device, torch.float32, randomise, 6, fast)
-    before = _state(model)
+    model = kit.model(cfg, device, torch.float32, randomise, 6, fast)
+    before = kit.state(model)
 
     def fail(module: torch.nn.Module, args: tuple[Any, ...]) -> None:
         raise RuntimeError("injected failure")
@@ -655,10 +624,10 @@ def test_padded_forward_restores_the_model_when_a_layer_fails(
     handle = model.blocks[1].register_forward_pre_hook(fail)
     try:
         with pytest.raises(RuntimeError, match="injected failure"):
-            padded_forward(model, _tokens(cfg, 2, 6, 1, device), _mask([2, 0], 6, device))
+            padded_forward(model, kit.tokens(cfg, 2, 6, 1, device), kit.mask([2, 0], 6, device))
     finally:
         handle.remove()
-    _assert_same_state(model, before)
+    kit.assert_same_state(model, before)
 
 
 # --- bad input ---------------------------------------------------------------------------------
@@ -668,8 +637,8 @@ BAD_CFG = ModelConfig(V=11, T=8, C=8, L=2, H=2, d_ff=8, dropout=0.0)
 
 def _bad_calls(device: torch.device) -> dict[str, tuple[Any, Any, dict[str, Any], list[str]]]:
     """name -> (ids, mask, keywords, strings the message must hold)."""
-    ids = _tokens(BAD_CFG, 2, 5, 0, device)  # (2, 5)
-    mask = _mask([2, 0], 5, device)  # (2, 5)
+    ids = kit.tokens(BAD_CFG, 2, 5, 0, device)  # (2, 5)
+    mask = kit.mask([2, 0], 5, device)  # (2, 5)
     other = torch.device("meta") if device.type == "cpu" else torch.device("cpu")
     right = mask.flip(-1)  # (2, 5): real tokens first, pads after
     hole = mask.clone()
@@ -680,7 +649,7 @@ def _bad_calls(device: torch.device) -> dict[str, tuple[Any, Any, dict[str, Any]
         "mask-uint8": (ids, mask.to(torch.uint8), {}, ["torch.bool", "torch.uint8"]),
         "mask-list": (ids, mask.tolist(), {}, []),
         "mask-shorter": (ids, mask[:, :4], {}, ["(2, 5)", "(2, 4)"]),
-        "mask-more-rows": (ids, _mask([2, 0, 1], 5, device), {}, ["(2, 5)", "(3, 5)"]),
+        "mask-more-rows": (ids, kit.mask([2, 0, 1], 5, device), {}, ["(2, 5)", "(3, 5)"]),
         "mask-1-d": (ids, mask[1], {}, ["(2, 5)", "(5,)"]),
         "mask-other-device": (ids, mask.to(other), {}, [str(ids.device), str(other)]),
         "mask-right-padded": (ids, right, {}, ["row 0"]),
@@ -693,8 +662,8 @@ def _bad_calls(device: torch.device) -> dict[str, tuple[Any, Any, dict[str, Any]
         "pad-id-equal-V": (ids.masked_fill(~mask, BAD_CFG.V), mask, {}, []),
         "real-id-negative": (ids.masked_fill(mask, -1), mask, {}, []),
         "longer-than-T": (
-            _tokens(BAD_CFG, 2, BAD_CFG.T + 1, 0, device),
-            _mask([2, 0], BAD_CFG.T + 1, device),
+            kit.tokens(BAD_CFG, 2, BAD_CFG.T + 1, 0, device),
+            kit.mask([2, 0], BAD_CFG.T + 1, device),
             {},
             [],
         ),
@@ -705,33 +674,16 @@ def _bad_calls(device: torch.device) -> dict[str, tuple[Any, Any, dict[str, Any]
     }
 
 
-def _watch_attention_writes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Record every attribute write on an attention module (``__class__`` included).
-
-    An in-place switch must write to the module (its class or an attribute);
-    "before any module changes" means none of that happens before an error,
-    even where the module would be handed back afterwards.
-    """
-    writes: list[str] = []
-
-    def spy(module: torch.nn.Module, name: str, value: Any) -> None:
-        writes.append(f"{type(module).__name__}.{name}")
-        torch.nn.Module.__setattr__(module, name, value)
-
-    monkeypatch.setattr(CausalSelfAttention, "__setattr__", spy)
-    return writes
-
-
 @pytest.mark.invariant("padding.rejects_bad_input")
 @pytest.mark.invariant("padding.leaves_model")
 @pytest.mark.parametrize("case", sorted(_bad_calls(torch.device("cpu"))))
 def test_padded_forward_rejects_bad_input_before_any_work(
-    device: torch.device, randomise: Randomise, case: str, monkeypatch: pytest.MonkeyPatch
+    device: torch.device, randomise: kit.Randomise, case: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     ids, mask, kwargs, needles = _bad_calls(device)[case]
-    model = _model(BAD_CFG, device, torch.float32, randomise, 0)
-    before = _state(model)
-    writes = _watch_attention_writes(monkeypatch)
+    model = kit.model(BAD_CFG, device, torch.float32, randomise, 0)
+    before = kit.state(model)
+    writes = kit.watch_attention_writes(monkeypatch)
     forwards: list[str] = []
     handles = [
         module.register_forward_pre_hook(lambda m, a: forwards.append(type(m).__name__))
@@ -748,19 +700,19 @@ def test_padded_forward_rejects_bad_input_before_any_work(
     message = str(caught.value)
     for needle in needles:
         assert needle in message, f"{needle!r} not named in {message!r}"
-    _assert_same_state(model, before)
+    kit.assert_same_state(model, before)
 
 
 @pytest.mark.invariant("padding.rejects_bad_input")
 @pytest.mark.invariant("padding.leaves_model")
 @pytest.mark.parametrize("case", sorted(_bad_calls(torch.device("cpu"))))
 def test_no_hook_is_put_on_the_model_before_the_checks(
-    device: torch.device, randomise: Randomise, case: str, monkeypatch: pytest.MonkeyPatch
+    device: torch.device, randomise: kit.Randomise, case: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """2.1: a padded call reaches the attention through hooks; bad input gets none of them,
     not even for a moment (the checks come first, not the model's own)."""
     ids, mask, kwargs, _ = _bad_calls(device)[case]
-    model = _model(BAD_CFG, device, torch.float32, randomise, 0)
+    model = kit.model(BAD_CFG, device, torch.float32, randomise, 0)
     hooked: list[str] = []
     real = torch.nn.Module.register_forward_pre_hook
 
@@ -783,21 +735,21 @@ class _OtherAttention(CausalSelfAttention):
 
 @pytest.mark.invariant("padding.rejects_bad_input")
 def test_padded_forward_rejects_models_it_cannot_switch(
-    device: torch.device, randomise: Randomise
+    device: torch.device, randomise: kit.Randomise
 ) -> None:
-    model = _model(BAD_CFG, device, torch.float32, randomise, 0)
-    ids = _tokens(BAD_CFG, 2, 4, 1, device)  # (2, 4)
-    mask = _mask([1, 0], 4, device)
+    model = kit.model(BAD_CFG, device, torch.float32, randomise, 0)
+    ids = kit.tokens(BAD_CFG, 2, 4, 1, device)  # (2, 4)
+    mask = kit.mask([1, 0], 4, device)
     with pytest.raises(InputError):
         padded_forward(model.blocks, ids, mask)  # type: ignore[arg-type]
     model.blocks[1].attn.__class__ = _OtherAttention
-    before = _state(model)
+    before = kit.state(model)
     with pytest.raises(InputError):
         padded_forward(model, ids, mask)
-    _assert_same_state(model, before)
+    kit.assert_same_state(model, before)
     model.blocks[1].attn.__class__ = CausalSelfAttention
     use_kv_cache(model, 2)  # switched for cached generation
-    before = _state(model)
+    before = kit.state(model)
     with pytest.raises(InputError):
         padded_forward(model, ids, mask)
-    _assert_same_state(model, before)
+    kit.assert_same_state(model, before)

@@ -15,8 +15,10 @@ table rows handed to rope can.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import importlib.util
+from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,12 +29,13 @@ from hypothesis import strategies as st
 import niels_gpt.model.rope as rope
 from niels_gpt.checks import InputError
 from niels_gpt.config import ModelConfig
-from niels_gpt.model.fastpath import use_fast_attention
-from niels_gpt.model.gpt import GPT
 from niels_gpt.model.padding import apply_rope_rows, generate, padded_forward
 
-Tol = Callable[[torch.dtype], dict[str, float]]
-Randomise = Callable[[torch.nn.Module, int], None]
+_SPEC = importlib.util.spec_from_file_location("padding_kit", Path(__file__).with_name("_kit.py"))
+assert _SPEC is not None and _SPEC.loader is not None
+kit = importlib.util.module_from_spec(_SPEC)  # the stage's shared builders (_kit.py)
+_SPEC.loader.exec_module(kit)
+
 Call = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
 
@@ -66,20 +69,6 @@ def _complex_rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> tor
         torch.ones_like(angle), angle
     )  # (B, H, n, D/2)
     return torch.stack([z.real, z.imag], dim=-1).reshape(B, H, n, D)  # (B, H, n, D)
-
-
-def _model(
-    cfg: ModelConfig,
-    device: torch.device,
-    dtype: torch.dtype,
-    randomise: Randomise,
-    seed: int = 0,
-    fast: bool = False,
-) -> GPT:
-    model = GPT(cfg)
-    randomise(model, seed)
-    model.to(device=device, dtype=dtype).eval()
-    return use_fast_attention(model) if fast else model  # type: ignore[return-value]
 
 
 def _left_padded(
@@ -124,7 +113,7 @@ def _row_positions(mask: torch.Tensor) -> torch.Tensor:
 def test_rows_equal_rope_apply_rope_row_by_row(
     device: torch.device,
     float_dtypes: tuple[torch.dtype, ...],
-    tol: Tol,
+    tol: kit.Tol,
     B: int,
     H: int,
     n: int,
@@ -166,7 +155,7 @@ def test_rows_equal_rope_apply_rope_row_by_row(
 
 @pytest.mark.invariant("padding.rotation_matches_rope")
 def test_a_row_at_consecutive_positions_is_rope_with_sliced_tables(
-    device: torch.device, float_dtypes: tuple[torch.dtype, ...], tol: Tol
+    device: torch.device, float_dtypes: tuple[torch.dtype, ...], tol: kit.Tol
 ) -> None:
     B, H, n, D, Tc = 3, 2, 5, 8, 16
     starts = [0, 4, 11]  # row b holds positions starts[b] .. starts[b] + n - 1
@@ -263,7 +252,7 @@ def test_apply_rope_rows_rejects_bad_input_before_calling_rope(
 def test_padded_forward_rotates_each_row_from_zero(
     device: torch.device,
     float_dtypes: tuple[torch.dtype, ...],
-    randomise: Randomise,
+    randomise: kit.Randomise,
     fast: bool,
 ) -> None:
     cfg = ModelConfig(V=23, T=12, C=16, L=3, H=2, d_ff=12, dropout=0.0, rope_theta=70.0)
@@ -271,7 +260,7 @@ def test_padded_forward_rotates_each_row_from_zero(
     expected = _row_positions(_left_padded(cfg, lengths, t, 0, torch.device("cpu"))[1])
     flat = expected.flatten().to(device)  # (B*t,), row b*t + j at expected[b, j]
     for dtype in float_dtypes:
-        model = _model(cfg, device, dtype, randomise, 1, fast)
+        model = kit.model(cfg, device, dtype, randomise, 1, fast)
         ids, mask = _left_padded(cfg, lengths, t, 2, device)
         for trace_layer in (None, 1):
             with torch.no_grad(), _spying() as calls:
@@ -290,12 +279,12 @@ def test_padded_forward_rotates_each_row_from_zero(
 def test_generation_rotates_new_tokens_at_column_minus_pads(
     device: torch.device,
     float_dtypes: tuple[torch.dtype, ...],
-    randomise: Randomise,
+    randomise: kit.Randomise,
 ) -> None:
     cfg = ModelConfig(V=19, T=14, C=16, L=2, H=2, d_ff=12, dropout=0.0, rope_theta=90.0)
     lengths, t, new = [3, 6, 1], 6, 5
     pads = [t - n for n in lengths]
-    model = _model(cfg, device, float_dtypes[-1], randomise, 4)
+    model = kit.model(cfg, device, float_dtypes[-1], randomise, 4)
     ids, mask = _left_padded(cfg, lengths, t, 5, device)
     table_sin = model.blocks[0].attn.rope_sin[0, 0]  # (T, D/2)
     table_cos = model.blocks[0].attn.rope_cos[0, 0]  # (T, D/2)
@@ -318,11 +307,11 @@ def test_generation_rotates_new_tokens_at_column_minus_pads(
 
 @pytest.mark.invariant("padding.row_positions")
 def test_positions_do_not_depend_on_the_pad_amount(
-    device: torch.device, randomise: Randomise
+    device: torch.device, randomise: kit.Randomise
 ) -> None:
     # The same real tokens behind 0, 3 and 7 pads are rotated at the same table rows.
     cfg = ModelConfig(V=17, T=12, C=8, L=1, H=2, d_ff=8, dropout=0.0)
-    model = _model(cfg, device, torch.float32, randomise, 2)
+    model = kit.model(cfg, device, torch.float32, randomise, 2)
     real = torch.tensor([[5, 1, 9, 2]], device=device)  # (1, 4)
     seen = []
     for pads in (0, 3, 7):
