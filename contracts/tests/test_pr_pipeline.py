@@ -11,7 +11,8 @@ from prkit import PrRepo, findings
 from niels_gpt_contracts.errors import ConfigError
 from niels_gpt_contracts.result import Result
 from niels_gpt_contracts.verdict import pipeline
-from niels_gpt_contracts.verdict.pr import PrRequest, phases
+from niels_gpt_contracts.verdict.pr import phases
+from niels_gpt_contracts.verdict.state import PrRequest
 
 MIXER = "packages/mixer/src/ngt/model/mixer.py"
 PHASES = [

@@ -34,6 +34,7 @@ from niels_gpt_contracts.result import Result
 from niels_gpt_contracts.sandbox import processes
 from niels_gpt_contracts.sandbox.environment import build
 from niels_gpt_contracts.verdict import pr as pr_verdict
+from niels_gpt_contracts.verdict.state import PrRequest
 
 EXIT_KEPT, EXIT_BROKEN, EXIT_ERROR = 0, 1, 2
 # What pre-commit's pre-push stage sets: the remote's old tip (or the parent of
@@ -351,7 +352,7 @@ def _main_prepare(args: argparse.Namespace) -> int:
 
 def _main_pr(args: argparse.Namespace) -> int:
     render, render_error = renderer(args.format)
-    request = pr_verdict.PrRequest(
+    request = PrRequest(
         repo=args.repo,
         base=args.base,
         head=args.head,

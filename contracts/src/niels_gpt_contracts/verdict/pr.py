@@ -39,7 +39,6 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from niels_gpt_contracts import device_probe
@@ -54,63 +53,15 @@ from niels_gpt_contracts.checks import (
 )
 from niels_gpt_contracts.checks.modules import namespaces
 from niels_gpt_contracts.errors import ConfigError
-from niels_gpt_contracts.mutants.runner import Cache
+from niels_gpt_contracts.mutants.store import Cache
 from niels_gpt_contracts.result import Outcome, Result, Violation
 from niels_gpt_contracts.sandbox import confine, env_trust, processes, runtime_probe, workspace
 from niels_gpt_contracts.sandbox.environment import Sandbox
 from niels_gpt_contracts.spec import Rule
 from niels_gpt_contracts.verdict import evidence, files, integrity, pipeline, plan, runtime, testing
-from niels_gpt_contracts.verdict.files import Workspace
 from niels_gpt_contracts.verdict.mutation import CACHE_NAME, run_mutants
 from niels_gpt_contracts.verdict.pipeline import Phase
-
-Say = Callable[[str], None]
-
-
-@dataclass
-class PrRequest:
-    """What ``contracts pr`` was asked."""
-
-    repo: Path
-    base: str
-    head: str | None
-    stage: str | None = None
-    python: str | None = None
-    cache: Path = Path(".contracts-cache")
-    devices: tuple[str, ...] = ("cpu",)
-    require_devices: tuple[str, ...] = ()
-    jobs: int = 0
-    mutants: bool = True
-    timeout: float = 1800.0
-    full: bool = False
-    oracle_seed: int | None = None  # None: a fresh secret seed (verdict.oracle)
-    out: Path | None = None  # the oracle's reproducer folder; None: <repo>/reports/oracle
-
-
-@dataclass
-class State:
-    """What the phases share; filled as they run."""
-
-    request: PrRequest
-    ctx: pr_context.PrContext
-    result: Result
-    say: Say
-    kills: Cache
-    scratch: Path
-    jobs: int
-    python_given: str | None
-    plan: plan.Plan = field(init=False)
-    claims: list[invariants.Claim] = field(default_factory=list)
-    python: str = ""
-    w: Workspace | None = None
-    box: Sandbox | None = None
-    guard: integrity.Guard | None = None
-    usable: dict[str, bool] = field(default_factory=dict)
-    mutants_row: Outcome | None = None  # the base suite's kills, for ``weakened``
-
-    @property
-    def stage(self) -> str:
-        return self.ctx.spec.id
+from niels_gpt_contracts.verdict.state import PrRequest, Say, State
 
 
 def _outcome(stage: str, check: str, found: list[Violation], kept: str) -> Outcome:
