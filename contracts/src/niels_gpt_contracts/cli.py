@@ -30,7 +30,8 @@ from niels_gpt_contracts.errors import ConfigError, SpecErrors
 from niels_gpt_contracts.mutants import report as mutants_report
 from niels_gpt_contracts.mutants import runner as mutants_runner
 from niels_gpt_contracts.reporters import FORMATS, renderer, stderr_guard
-from niels_gpt_contracts.result import Result
+from niels_gpt_contracts.reporters.text import progress_lines
+from niels_gpt_contracts.result import Outcome, Result
 from niels_gpt_contracts.sandbox import processes
 from niels_gpt_contracts.sandbox.environment import build
 from niels_gpt_contracts.verdict import pr as pr_verdict
@@ -295,6 +296,12 @@ def _progress(line: str) -> None:
     sys.stderr.flush()
 
 
+def _row(row: Outcome, seconds: float) -> None:
+    """A row of ``contracts pr``, printed to stderr as soon as it is known."""
+    for line in progress_lines(row, seconds):
+        _progress(line)
+
+
 def _main_mutants(args: argparse.Namespace) -> int:
     return _ending(lambda: _mutants(args))
 
@@ -368,9 +375,11 @@ def _main_pr(args: argparse.Namespace) -> int:
         out=args.out,
         full=args.full,
     )
-    return _ending(
-        lambda: _judged(lambda: pr_verdict.run(request, _progress), render, render_error, args)
-    )
+
+    def verdict() -> Result:
+        return pr_verdict.run(request, _progress, _row)
+
+    return _ending(lambda: _judged(verdict, render, render_error, args))
 
 
 def _ending(work: Callable[[], int]) -> int:

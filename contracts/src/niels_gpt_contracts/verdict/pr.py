@@ -1,8 +1,8 @@
 """``contracts pr``: the whole verdict on one stage's PR, as phases, cheapest first.
 
-``phases`` lists them; ``pipeline`` runs them, prints each row as soon as it
-is known, times each phase, and stops at the first BROKEN row unless
-``--full`` (the rest are NOT RUN rows that say so). In order:
+``phases`` lists them; ``pipeline`` runs them, hands each row to the caller
+as soon as it is known, times each phase, and stops at the first BROKEN row
+unless ``--full`` (the rest are NOT RUN rows that say so). In order:
 
 1. ``static``: nothing of the PR runs: the base's specs, the diff, paths and
    self-loading files, module ownership, readable source, static rules and
@@ -239,8 +239,12 @@ def phases(request: PrRequest) -> list[Phase]:
     return out
 
 
-def run(request: PrRequest, say: Say) -> Result:
-    """The verdict; ``ConfigError`` when it cannot be given (exit 2, never a pass)."""
+def run(request: PrRequest, say: Say, on_row: pipeline.OnRow) -> Result:
+    """The verdict; ``ConfigError`` when it cannot be given (exit 2, never a pass).
+
+    ``say``: progress lines (the sandbox interpreter, the mutants); ``on_row``:
+    each row as soon as it is known, with the seconds since the first phase.
+    """
     start = time.monotonic()
     # This process writes no bytecode: every new file on the watched paths is the PR's.
     sys.dont_write_bytecode = True
@@ -258,6 +262,6 @@ def run(request: PrRequest, say: Say) -> Result:
     with tempfile.TemporaryDirectory(prefix="contracts-pr-") as tmp:
         jobs = max(1, request.jobs or os.cpu_count() or 1)
         v = State(request, ctx, result, say, kills, Path(tmp), jobs, python_given)
-        pipeline.run(phases(request), v, result, ctx.spec.id, say, full=request.full)
+        pipeline.run(phases(request), v, result, ctx.spec.id, on_row, full=request.full)
     result.seconds = time.monotonic() - start
     return result
