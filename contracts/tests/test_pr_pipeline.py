@@ -9,9 +9,10 @@ import pytest
 from prkit import PrRepo, findings
 
 from niels_gpt_contracts.errors import ConfigError
-from niels_gpt_contracts.result import Result
+from niels_gpt_contracts.result import Outcome, Result
 from niels_gpt_contracts.verdict import pipeline
-from niels_gpt_contracts.verdict.pr import PrRequest, phases
+from niels_gpt_contracts.verdict.pr import phases
+from niels_gpt_contracts.verdict.state import PrRequest
 
 MIXER = "packages/mixer/src/ngt/model/mixer.py"
 PHASES = [
@@ -102,10 +103,11 @@ def test_a_phase_that_raises_leaves_no_verdict() -> None:
         raise ConfigError("expected an environment, found none")
 
     result = Result(mode="pr", stages=["s"])
-    say: list[str] = []
+    shown: list[Outcome] = []
+    phase = pipeline.Phase("x", ("x",), boom)
     with pytest.raises(ConfigError, match="found none"):
-        pipeline.run([pipeline.Phase("x", ("x",), boom)], None, result, "s", say.append, full=False)
-    assert result.outcomes == [] and say == []
+        pipeline.run([phase], None, result, "s", lambda o, _: shown.append(o), full=False)
+    assert result.outcomes == [] and shown == []
 
 
 def test_runtime_rules_are_split_over_the_cores_and_all_judged(

@@ -30,6 +30,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import tomllib
+from packaging.version import Version
 
 from niels_gpt_contracts.checks.coverage import check_coverage
 from niels_gpt_contracts.checks.evidence_diff import compare_file
@@ -53,12 +54,10 @@ def _v(rule: str, path: str | None, message: str, stage: str = "repo") -> Violat
     return Violation(rule, path, None, message, stage, "amendment")
 
 
-def _version(text: str | None) -> tuple[int, int, int]:
-    """``MAJOR.MINOR.PATCH`` as ints; a spec without one (schema 2) is 0.0.0."""
-    if not text:
-        return (0, 0, 0)
-    major, minor, patch = (int(part) for part in text.split("."))
-    return (major, minor, patch)
+def _version(text: str | None) -> Version:
+    """A spec's ``MAJOR.MINOR.PATCH`` (the schema's pattern) as a ``packaging`` version;
+    a spec without one (schema 2) is 0.0.0."""
+    return Version(text or "0.0.0")
 
 
 def _owner(path: str, specs: Mapping[str, Spec]) -> tuple[str | None, str]:
@@ -128,11 +127,11 @@ class _Judge:
 
         if h < b:
             fail("amendment.version", f"expected a version >= the base's {bv}, found {hv}")
-        elif (level == "BREAKING" or declared) and h[0] <= b[0]:
-            want = f"{b[0] + 1}.0.0"
+        elif (level == "BREAKING" or declared) and h.major <= b.major:
+            want = f"{b.major + 1}.0.0"
             fail("amendment.version", f"expected a major bump for a break ({want}), found {hv}")
-        elif level == "ADDITIVE" and h[:2] <= b[:2]:
-            want = f"{b[0]}.{b[1] + 1}.0"
+        elif level == "ADDITIVE" and (h.major, h.minor) <= (b.major, b.minor):
+            want = f"{b.major}.{b.minor + 1}.0"
             fail("amendment.version", f"expected a minor bump for ADDITIVE ({want}), found {hv}")
         if level == "BREAKING" and not declared:
             breaks = "; ".join(c.what for c in changes if c.level == "BREAKING")

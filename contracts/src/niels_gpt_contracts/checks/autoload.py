@@ -27,23 +27,9 @@ import tomllib
 
 from niels_gpt_contracts.gitdiff import Change, Tree
 from niels_gpt_contracts.result import Violation
+from niels_gpt_contracts.self_loading import SELF_LOADING_NAMES, SELF_LOADING_SUFFIXES, file_name
 from niels_gpt_contracts.spec import Spec
 
-SELF_LOADING_NAMES = frozenset(
-    {
-        "conftest.py",
-        "sitecustomize.py",
-        "usercustomize.py",
-        "pytest.ini",
-        ".pytest.ini",
-        "pytest.toml",
-        ".pytest.toml",
-        "tox.ini",
-        "setup.cfg",
-        "setup.py",
-    }
-)
-SELF_LOADING_SUFFIXES = (".pth",)
 # pyproject tables that make code run on install, on import or inside pytest,
 # or that decide what a wheel contains: the build backend and all of hatch's
 # settings (build hooks, force-include of another stage's module path...).
@@ -101,11 +87,6 @@ def _pyproject_problems(old: str | None, new: str | None, siblings: list[str]) -
     ]
 
 
-def _name(path: str) -> str:
-    """The file name, lower-cased: Conftest.py is conftest.py on macOS and Windows."""
-    return path.rsplit("/", 1)[-1].lower()
-
-
 def check_autoload(spec: Spec, changes: list[Change], base: Tree, head: Tree) -> list[Violation]:
     """``path.autoload`` and ``path.symlink`` for every changed path."""
     out: list[Violation] = []
@@ -116,7 +97,7 @@ def check_autoload(spec: Spec, changes: list[Change], base: Tree, head: Tree) ->
     pyprojects: list[str] = []
     for change in changes:
         for path in change.paths():
-            name = _name(path)
+            name = file_name(path)
             if name in SELF_LOADING_NAMES or name.endswith(SELF_LOADING_SUFFIXES):
                 add(
                     "path.autoload",

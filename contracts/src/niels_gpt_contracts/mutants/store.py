@@ -28,7 +28,7 @@ from filelock import FileLock
 from niels_gpt_contracts.mutants.hints import killing_test
 
 if TYPE_CHECKING:
-    from niels_gpt_contracts.mutants.runner import Verdict
+    from niels_gpt_contracts.mutants.verdicts import Verdict
 
 STORE_VERSION = 2
 

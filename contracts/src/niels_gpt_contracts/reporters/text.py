@@ -16,6 +16,14 @@ def row_lines(o: Outcome, width: int) -> list[str]:
     return [printable(line) for line in out]
 
 
+def progress_lines(o: Outcome, seconds: float) -> list[str]:
+    """``row_lines`` of a row streamed while a verdict runs, each after ``[  12.3 s] ``.
+
+    ``seconds``: since the verdict's first phase began (``verdict.pipeline``).
+    """
+    return [f"[{seconds:6.1f} s] {line}" for line in row_lines(o, len(o.stage))]
+
+
 def timing(result: Result) -> str | None:
     """``time: static 0.4 s, ...; total 93.1 s``: how long each phase took, if timed."""
     if not result.phases:

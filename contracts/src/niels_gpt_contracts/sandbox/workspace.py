@@ -12,13 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from niels_gpt_contracts.checks.autoload import SELF_LOADING_NAMES, SELF_LOADING_SUFFIXES
 from niels_gpt_contracts.gitdiff import Tree
-
-
-def self_loading(path: str) -> bool:
-    name = path.rsplit("/", 1)[-1].lower()
-    return name in SELF_LOADING_NAMES or name.endswith(SELF_LOADING_SUFFIXES)
+from niels_gpt_contracts.self_loading import self_loading
 
 
 def write(tree: Tree, paths: Iterable[str], dest: Path) -> list[str]:

@@ -10,7 +10,7 @@
   tests has its stage's mutants run against the suite it leaves
   (``verdict.weakened``).
 
-Each is a ``pipeline.Phase`` function of the verdict's ``State`` (``verdict.pr``).
+Each is a ``pipeline.Phase`` function of the verdict's ``State`` (``verdict.state``).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from niels_gpt_contracts.result import KEPT, Outcome
 from niels_gpt_contracts.verdict import oracle, weakened
 
 if TYPE_CHECKING:
-    from niels_gpt_contracts.verdict.pr import State
+    from niels_gpt_contracts.verdict.state import State
 
 
 def names_phase(v: State) -> Iterator[Outcome]:

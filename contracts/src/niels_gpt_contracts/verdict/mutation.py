@@ -42,7 +42,7 @@ from niels_gpt_contracts.verdict import plan
 
 if TYPE_CHECKING:
     from niels_gpt_contracts.verdict.files import Workspace
-    from niels_gpt_contracts.verdict.pr import PrRequest
+    from niels_gpt_contracts.verdict.state import PrRequest
 
 CACHE_NAME = "mutants-cache.json"
 

@@ -5,9 +5,10 @@ verdict's state that returns (or yields) ``Outcome`` rows; it may also append
 rows to ``state.result`` itself (the ``checks.gate`` helpers do). ``run``
 runs the phases in order and, for each one:
 
-- prints every new row as soon as it is there (``say``, through the text
-  reporter's ``printable``, after the seconds since the first phase began),
-  so a long verdict shows what it knows while it runs;
+- hands every new row to ``on_row`` as soon as it is there, with the
+  seconds since the first phase began, so that a long verdict can show what
+  it knows while it runs (the CLI prints it with the text reporter's
+  ``progress_lines``; this module renders nothing);
 - records how long the phase took (``Result.phases``; the text and JSON
   reports print it);
 - after a phase that gave a BROKEN row, stops unless ``full``: every later
@@ -29,10 +30,10 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from niels_gpt_contracts.reporters.text import row_lines
 from niels_gpt_contracts.result import BROKEN, NOT_RUN, Outcome, Result
 
-Say = Callable[[str], None]
+# Called with each new row and the seconds since the first phase began.
+OnRow = Callable[[Outcome, float], None]
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,7 @@ def run(
     state: Any,
     result: Result,
     stage: str,
-    say: Say,
+    on_row: OnRow,
     *,
     full: bool,
 ) -> None:
@@ -61,8 +62,7 @@ def run(
     def show() -> None:
         nonlocal shown
         for o in result.outcomes[shown:]:
-            for line in row_lines(o, len(o.stage)):
-                say(f"[{time.monotonic() - began:6.1f} s] {line}")
+            on_row(o, time.monotonic() - began)
         shown = len(result.outcomes)
 
     show()  # rows given before the phases (none today)

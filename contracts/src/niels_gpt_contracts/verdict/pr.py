@@ -1,8 +1,8 @@
 """``contracts pr``: the whole verdict on one stage's PR, as phases, cheapest first.
 
-``phases`` lists them; ``pipeline`` runs them, prints each row as soon as it
-is known, times each phase, and stops at the first BROKEN row unless
-``--full`` (the rest are NOT RUN rows that say so). In order:
+``phases`` lists them; ``pipeline`` runs them, hands each row to the caller
+as soon as it is known, times each phase, and stops at the first BROKEN row
+unless ``--full`` (the rest are NOT RUN rows that say so). In order:
 
 1. ``static``: nothing of the PR runs: the base's specs, the diff, paths and
    self-loading files, module ownership, readable source, static rules and
@@ -39,7 +39,6 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from niels_gpt_contracts import device_probe
@@ -54,63 +53,15 @@ from niels_gpt_contracts.checks import (
 )
 from niels_gpt_contracts.checks.modules import namespaces
 from niels_gpt_contracts.errors import ConfigError
-from niels_gpt_contracts.mutants.runner import Cache
+from niels_gpt_contracts.mutants.store import Cache
 from niels_gpt_contracts.result import Outcome, Result, Violation
 from niels_gpt_contracts.sandbox import confine, env_trust, processes, runtime_probe, workspace
 from niels_gpt_contracts.sandbox.environment import Sandbox
 from niels_gpt_contracts.spec import Rule
 from niels_gpt_contracts.verdict import evidence, files, integrity, pipeline, plan, runtime, testing
-from niels_gpt_contracts.verdict.files import Workspace
 from niels_gpt_contracts.verdict.mutation import CACHE_NAME, run_mutants
 from niels_gpt_contracts.verdict.pipeline import Phase
-
-Say = Callable[[str], None]
-
-
-@dataclass
-class PrRequest:
-    """What ``contracts pr`` was asked."""
-
-    repo: Path
-    base: str
-    head: str | None
-    stage: str | None = None
-    python: str | None = None
-    cache: Path = Path(".contracts-cache")
-    devices: tuple[str, ...] = ("cpu",)
-    require_devices: tuple[str, ...] = ()
-    jobs: int = 0
-    mutants: bool = True
-    timeout: float = 1800.0
-    full: bool = False
-    oracle_seed: int | None = None  # None: a fresh secret seed (verdict.oracle)
-    out: Path | None = None  # the oracle's reproducer folder; None: <repo>/reports/oracle
-
-
-@dataclass
-class State:
-    """What the phases share; filled as they run."""
-
-    request: PrRequest
-    ctx: pr_context.PrContext
-    result: Result
-    say: Say
-    kills: Cache
-    scratch: Path
-    jobs: int
-    python_given: str | None
-    plan: plan.Plan = field(init=False)
-    claims: list[invariants.Claim] = field(default_factory=list)
-    python: str = ""
-    w: Workspace | None = None
-    box: Sandbox | None = None
-    guard: integrity.Guard | None = None
-    usable: dict[str, bool] = field(default_factory=dict)
-    mutants_row: Outcome | None = None  # the base suite's kills, for ``weakened``
-
-    @property
-    def stage(self) -> str:
-        return self.ctx.spec.id
+from niels_gpt_contracts.verdict.state import PrRequest, Say, State
 
 
 def _outcome(stage: str, check: str, found: list[Violation], kept: str) -> Outcome:
@@ -288,8 +239,12 @@ def phases(request: PrRequest) -> list[Phase]:
     return out
 
 
-def run(request: PrRequest, say: Say) -> Result:
-    """The verdict; ``ConfigError`` when it cannot be given (exit 2, never a pass)."""
+def run(request: PrRequest, say: Say, on_row: pipeline.OnRow) -> Result:
+    """The verdict; ``ConfigError`` when it cannot be given (exit 2, never a pass).
+
+    ``say``: progress lines (the sandbox interpreter, the mutants); ``on_row``:
+    each row as soon as it is known, with the seconds since the first phase.
+    """
     start = time.monotonic()
     # This process writes no bytecode: every new file on the watched paths is the PR's.
     sys.dont_write_bytecode = True
@@ -307,6 +262,6 @@ def run(request: PrRequest, say: Say) -> Result:
     with tempfile.TemporaryDirectory(prefix="contracts-pr-") as tmp:
         jobs = max(1, request.jobs or os.cpu_count() or 1)
         v = State(request, ctx, result, say, kills, Path(tmp), jobs, python_given)
-        pipeline.run(phases(request), v, result, ctx.spec.id, say, full=request.full)
+        pipeline.run(phases(request), v, result, ctx.spec.id, on_row, full=request.full)
     result.seconds = time.monotonic() - start
     return result
