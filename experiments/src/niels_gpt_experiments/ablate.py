@@ -32,6 +32,7 @@ from niels_gpt_experiments.config import TrainConfig
 from niels_gpt_experiments.corpus import CorpusError, list_sources
 from niels_gpt_experiments.flags import folder_problem, with_flags
 from niels_gpt_experiments.launch import process_context
+from niels_gpt_experiments.machine import cpu_name
 from niels_gpt_experiments.models import MODEL_KINDS
 from niels_gpt_experiments.report import markdown_table, plot_curves, text_table
 
@@ -200,18 +201,10 @@ def _run_side_by_side(
 
 
 def _machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
     import torch
 
     python = platform.python_version()
-    return f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__}, Python {python}"
+    return f"{cpu_name()}, {os.cpu_count()} cores, torch {torch.__version__}, Python {python}"
 
 
 def _check_inputs(
