@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -36,6 +35,7 @@ from benchmarks.timing import matmul, measure, sync
 from niels_gpt.config import ModelConfig
 from niels_gpt.model.attention import CausalSelfAttention
 from niels_gpt.model.rope import apply_rope, rope_cache
+from niels_gpt_experiments.machine import cpu_name  # on sys.path once benchmarks.experiments ran
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -54,14 +54,7 @@ def _show(res: dict[str, Any], key: str) -> None:
 
 
 def machine(device: torch.device) -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = cpu_name()
     threads = torch.get_num_threads()
     text = f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__} ({threads} threads)"
     if device.type == "cuda":

@@ -1,22 +1,16 @@
-"""The sampling seam: kv_cache when installed, else a plain loop with the same contract."""
+"""The sampling seam: the kv_cache stage, or for sharded models a plain loop over its filter."""
 
 from __future__ import annotations
 
-import sys
-import types
 from typing import Any
 
 import pytest
 import torch
-from hypothesis import given
-from hypothesis import strategies as st
 
 from niels_gpt.config import ModelConfig
+from niels_gpt.model import kv_cache
 from niels_gpt.model.gpt import GPT
-from niels_gpt_experiments import sampling
-from niels_gpt_experiments.sampling import filter_logits, generate, plain_generate, printable
-
-_STAGE = "niels_gpt.model.kv_cache"
+from niels_gpt_experiments.sampling import generate, plain_generate, printable
 
 
 @pytest.fixture
@@ -47,40 +41,33 @@ def test_seeded_sampling_repeats(model: GPT, device: torch.device) -> None:
     assert not all(torch.equal(draw(1), draw(s)) for s in range(2, 6))
 
 
-def _reference_filter(row: list[float], k: int | None, p: float | None) -> set[int]:
-    keep = set(range(len(row)))
-    if k is not None:
-        keep = set(sorted(keep, key=lambda i: -row[i])[:k])
-    if p is not None:
-        live = sorted(keep, key=lambda i: -row[i])
-        probs = torch.softmax(torch.tensor([row[i] for i in live], dtype=torch.float64), 0)
-        total, chosen = 0.0, set()
-        for i, prob in zip(live, probs.tolist(), strict=True):
-            chosen.add(i)
-            total += prob
-            if total >= p:
-                break
-        keep = chosen
-    return keep
-
-
-@given(
-    logits=st.lists(
-        st.lists(st.floats(-5, 5), min_size=6, max_size=6, unique=True), min_size=1, max_size=3
-    ),
-    k=st.one_of(st.none(), st.integers(1, 6)),
-    p=st.one_of(st.none(), st.floats(0.05, 0.95)),
-)
-def test_top_k_and_top_p_keep_exactly_the_reference_set(
-    logits: list[list[float]], k: int | None, p: float | None
+@pytest.mark.parametrize("knobs", [{"top_k": 1}, {"top_p": 1e-6}])
+def test_the_plain_loop_filters_through_the_stage(
+    model: GPT, device: torch.device, knobs: dict[str, Any]
 ) -> None:
-    out = filter_logits(torch.tensor(logits, dtype=torch.float64), k, p)
-    for row, got in zip(logits, out, strict=True):
-        kept = {i for i, v in enumerate(got.tolist()) if v != float("-inf")}
-        assert kept == _reference_filter(row, k, p)
+    """top_k=1 or a vanishing top_p leaves one token a step: a hot sample is the argmax."""
+    prompt = torch.tensor([[2, 9]], device=device)
+    gen = torch.Generator(device=device).manual_seed(0)
+    hot = plain_generate(model, prompt, 6, temperature=5.0, generator=gen, **knobs)
+    assert torch.equal(hot, plain_generate(model, prompt, 6, temperature=0.0))
 
 
-def test_the_seam_uses_the_kv_cache_stage_when_installed(
+def test_the_plain_loop_draws_from_the_stages_filter(
+    model: GPT, device: torch.device, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[dict[str, Any]] = []
+    real = kv_cache.filter_logits
+
+    def spy(logits: torch.Tensor, **knobs: Any) -> torch.Tensor:
+        seen.append({"shape": tuple(logits.shape), **knobs})
+        return real(logits, **knobs)
+
+    monkeypatch.setattr(kv_cache, "filter_logits", spy)
+    plain_generate(model, torch.tensor([[1], [2]], device=device), 2, temperature=0.7, top_p=0.9)
+    assert seen == [{"shape": (2, 32), "temperature": 0.7, "top_k": None, "top_p": 0.9}] * 2
+
+
+def test_the_seam_uses_the_kv_cache_stage(
     model: GPT, device: torch.device, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     calls: list[dict[str, Any]] = []
@@ -89,9 +76,7 @@ def test_the_seam_uses_the_kv_cache_stage_when_installed(
         calls.append({"model": m, "n": n, **kw, "training": m.training})
         return ids
 
-    stage = types.ModuleType(_STAGE)
-    stage.generate = fake_generate  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, _STAGE, stage)
+    monkeypatch.setattr(kv_cache, "generate", fake_generate)
     model.train()
     prompt = torch.tensor([[1]], device=device)
     generate(model, prompt, 3, temperature=0.5, top_k=4)
@@ -102,15 +87,11 @@ def test_the_seam_uses_the_kv_cache_stage_when_installed(
     assert len(calls) == 1 and out.shape == (1, 4)  # sharded models take the plain loop
 
 
-def test_the_seam_falls_back_to_the_plain_loop(
-    model: GPT, device: torch.device, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setitem(sys.modules, _STAGE, None)  # importing it now raises ImportError
-    assert sampling._cached_generate() is None
+def test_the_cached_and_plain_paths_agree_greedily(model: GPT, device: torch.device) -> None:
     prompt = torch.tensor([[3, 1]], device=device)
     assert torch.equal(
         generate(model, prompt, 5, temperature=0.0),
-        plain_generate(model, prompt, 5, temperature=0.0),
+        generate(model, prompt, 5, temperature=0.0, allow_cache=False),
     )
 
 

@@ -31,7 +31,8 @@ from typing import Any
 from niels_gpt_experiments.config import TrainConfig
 from niels_gpt_experiments.corpus import CorpusError, list_sources
 from niels_gpt_experiments.flags import folder_problem, with_flags
-from niels_gpt_experiments.launch import process_context
+from niels_gpt_experiments.launch import process_context, run_processes
+from niels_gpt_experiments.machine import cpu_name
 from niels_gpt_experiments.models import MODEL_KINDS
 from niels_gpt_experiments.report import markdown_table, plot_curves, text_table
 
@@ -176,17 +177,7 @@ def _run_side_by_side(
         context.Process(target=_worker, args=(cfg, path, threads))
         for cfg, path in zip(configs, paths, strict=True)
     ]
-    for proc in procs:
-        proc.start()
-    deadline = time.monotonic() + timeout_s
-    try:
-        for proc in procs:
-            proc.join(max(0.0, deadline - time.monotonic()))
-    finally:
-        for proc in procs:
-            if proc.is_alive():
-                proc.kill()
-                proc.join(10)
+    run_processes(procs, timeout_s)  # a killed run's exit code is not 0: reported below
     records = []
     for cfg, path, proc in zip(configs, paths, procs, strict=True):
         if proc.exitcode != 0 or not path.is_file():
@@ -200,18 +191,10 @@ def _run_side_by_side(
 
 
 def _machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
     import torch
 
     python = platform.python_version()
-    return f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__}, Python {python}"
+    return f"{cpu_name()}, {os.cpu_count()} cores, torch {torch.__version__}, Python {python}"
 
 
 def _check_inputs(

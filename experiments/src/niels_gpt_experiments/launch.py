@@ -18,6 +18,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from multiprocessing.context import ForkServerContext, SpawnContext
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,14 @@ from torch.distributed import TCPStore  # type: ignore[attr-defined]  # not in _
 
 from niels_gpt_experiments.config import TrainConfig
 
-__all__ = ["RankResult", "Task", "process_context", "run_local", "train_on_ranks"]
+__all__ = [
+    "RankResult",
+    "Task",
+    "process_context",
+    "run_local",
+    "run_processes",
+    "train_on_ranks",
+]
 
 HOST = "127.0.0.1"
 
@@ -45,6 +53,35 @@ def process_context() -> SpawnContext | ForkServerContext:
         context.set_forkserver_preload(_PRELOAD)
         return context
     return multiprocessing.get_context("spawn")
+
+
+def run_processes(procs: Sequence[BaseProcess], timeout_s: float) -> bool:
+    """Start every process, wait ``timeout_s`` seconds in all for them, kill what is left.
+
+    Args:
+        procs: processes not started yet (from ``process_context()``).
+        timeout_s: one deadline for the whole group, not a wait per process.
+
+    Returns:
+        True when every process ended by the deadline; False when one had to be
+        killed. Exit codes are the caller's to read. A process still alive when
+        this returns or raises (an interrupt while waiting) is killed and joined
+        (up to 10 s) first.
+    """
+    for proc in procs:
+        proc.start()
+    deadline = time.monotonic() + timeout_s
+    finished = False
+    try:
+        for proc in procs:
+            proc.join(max(0.0, deadline - time.monotonic()))
+        finished = not any(proc.is_alive() for proc in procs)
+    finally:
+        for proc in procs:
+            if proc.is_alive():
+                proc.kill()
+                proc.join(10)
+    return finished
 
 
 def _loopback() -> str | None:
@@ -105,19 +142,8 @@ def run_local(
         )
         for rank in range(world)
     ]
-    for proc in procs:
-        proc.start()
-    deadline = time.monotonic() + timeout_s
-    try:
-        for proc in procs:
-            proc.join(max(0.0, deadline - time.monotonic()))
-        if any(proc.is_alive() for proc in procs):
-            raise TimeoutError(f"{world} ranks did not finish within {timeout_s:.0f} s")
-    finally:
-        for proc in procs:
-            if proc.is_alive():
-                proc.kill()
-                proc.join(10)
+    if not run_processes(procs, timeout_s):
+        raise TimeoutError(f"{world} ranks did not finish within {timeout_s:.0f} s")
     codes = [proc.exitcode for proc in procs]
     if any(code != 0 for code in codes):
         raise RuntimeError(f"a rank failed: exit codes {codes}")

@@ -1,28 +1,27 @@
 """Text generation through one seam.
 
 ``generate`` is the only place the experiment samples from a model. It uses
-the ``kv_cache`` stage's ``niels_gpt.model.kv_cache.generate`` when that stage
-is installed, and otherwise a plain loop that recomputes the whole prefix for
-every new token. Making the cache mandatory later is a one-line change in
-``_cached_generate`` (a plain ``from niels_gpt.model.kv_cache import generate``).
+the ``kv_cache`` stage's ``niels_gpt.model.kv_cache.generate`` (a declared
+dependency), and for models whose parameters are sharded (FSDP2), which the
+cache stage does not know about, a plain loop that recomputes the whole prefix
+for every new token.
 
-The plain loop follows the stage's contract: temperature 0 is greedy; ``top_k``
-keeps the ``k`` largest logits; ``top_p`` keeps the smallest set of tokens
-whose probabilities reach ``p`` (the most likely token always stays).
+The plain loop draws from the stage's own ``filter_logits``, so both paths
+share one contract: temperature 0 is greedy; ``top_k`` keeps the ``k`` largest
+logits; ``top_p`` keeps the smallest set of tokens whose probabilities reach
+``p`` (the most likely token always stays).
 """
 
 from __future__ import annotations
 
-import importlib
 from typing import Protocol, cast
 
 import torch
 
+from niels_gpt.model import kv_cache
 from niels_gpt.model.gpt import GPT
 
-__all__ = ["Generate", "filter_logits", "generate", "plain_generate", "printable"]
-
-_STAGE_MODULE = "niels_gpt.model.kv_cache"
+__all__ = ["Generate", "generate", "plain_generate", "printable"]
 
 
 class Generate(Protocol):
@@ -37,28 +36,6 @@ class Generate(Protocol):
         top_p: float | None = None,
         generator: torch.Generator | None = None,
     ) -> torch.Tensor: ...
-
-
-def filter_logits(logits: torch.Tensor, top_k: int | None, top_p: float | None) -> torch.Tensor:
-    """Set every logit outside the top-k / top-p set to ``-inf``.
-
-    Args:
-        logits: ``(B, V)`` float.
-
-    Returns:
-        ``(B, V)`` logits with the filtered entries at ``-inf``.
-    """
-    if top_k is not None:
-        k = min(top_k, logits.shape[-1])
-        kth = torch.topk(logits, k, dim=-1).values[:, -1:]  # (B, 1)
-        logits = logits.masked_fill(logits < kth, float("-inf"))  # (B, V)
-    if top_p is not None:
-        ordered, order = torch.sort(logits, dim=-1, descending=True)  # (B, V) each
-        cum = torch.softmax(ordered, dim=-1).cumsum(dim=-1)  # (B, V)
-        drop_sorted = cum - torch.softmax(ordered, dim=-1) >= top_p  # (B, V) mass before >= p
-        drop = drop_sorted.scatter(-1, order, drop_sorted)  # (B, V) back in vocabulary order
-        logits = logits.masked_fill(drop, float("-inf"))  # (B, V)
-    return logits
 
 
 @torch.no_grad()
@@ -83,7 +60,9 @@ def plain_generate(
         ``(B, t + max_new_tokens)`` int64: the prompt and the new tokens.
 
     Raises:
-        ValueError: a negative temperature or ``max_new_tokens``.
+        ValueError: a negative temperature or ``max_new_tokens``; a ``top_k`` or
+            ``top_p`` that ``kv_cache.filter_logits`` refuses (its ``InputError``
+            is a ``ValueError``), at the first sampled step.
     """
     if temperature < 0 or max_new_tokens < 0:
         raise ValueError(
@@ -96,18 +75,13 @@ def plain_generate(
         if temperature == 0:
             nxt = logits.argmax(dim=-1, keepdim=True)  # (B, 1)
         else:
-            probs = torch.softmax(filter_logits(logits / temperature, top_k, top_p), dim=-1)
+            kept = kv_cache.filter_logits(
+                logits, temperature=temperature, top_k=top_k, top_p=top_p
+            )  # (B, V)
+            probs = torch.softmax(kept, dim=-1)  # (B, V)
             nxt = torch.multinomial(probs, 1, generator=generator)  # (B, 1)
         ids = torch.cat((ids, nxt), dim=1)  # (B, t + 1)
     return ids
-
-
-def _cached_generate() -> Generate | None:
-    try:
-        module = importlib.import_module(_STAGE_MODULE)
-    except ImportError:
-        return None
-    return cast(Generate, module.generate)
 
 
 def generate(
@@ -121,13 +95,15 @@ def generate(
     generator: torch.Generator | None = None,
     allow_cache: bool = True,
 ) -> torch.Tensor:
-    """Sample through the ``kv_cache`` stage when installed (and ``allow_cache``), else plainly.
+    """Sample through the ``kv_cache`` stage, or plainly with ``allow_cache=False``.
 
     Same arguments and result as ``plain_generate``. ``allow_cache=False`` is for
     models whose parameters are sharded (FSDP2), which the cache stage does not
-    know about.
+    know about. The model is sampled in eval mode and handed back in its own.
     """
-    chosen = (_cached_generate() if allow_cache else None) or plain_generate
+    # Without trace_layer the stage returns the ids alone; read at each call, so patchable.
+    cached = cast(Generate, kv_cache.generate)
+    chosen = cached if allow_cache else plain_generate
     was_training = model.training
     model.eval()
     try:

@@ -25,7 +25,6 @@ import contextlib
 import json
 import multiprocessing
 import os
-import platform
 import statistics
 import time
 from collections.abc import Iterator, Sequence
@@ -39,6 +38,7 @@ import uvicorn
 
 from niels_gpt.config import ModelConfig
 from niels_gpt.model.gpt import GPT
+from niels_gpt_experiments.machine import cpu_name
 from niels_gpt_serve.app import ENGINES, Served, create_app
 from niels_gpt_serve.cli import listen
 from niels_gpt_serve.limits import Limits
@@ -224,7 +224,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.clients < 1 or args.new_tokens < 1 or args.rounds < 1:
         parser.error("--clients, --new-tokens and --rounds must be >= 1")
     print(f"niels-serve bench - {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+    print(f"machine: {cpu_name()}, {os.cpu_count()} cores, "
           f"torch {torch.__version__} ({args.threads or torch.get_num_threads()} threads), "
           f"loadavg at start {_loadavg()}", flush=True)  # fmt: skip
     if args.checkpoint is not None:
