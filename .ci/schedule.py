@@ -18,7 +18,9 @@ sessions use together sets the run's length more than any one wall time.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import shutil
 import subprocess
 import sys
@@ -83,6 +85,32 @@ def _group(name: str) -> Path | None:
     return group
 
 
+def _kill_strays(group: Path) -> int:
+    """Kill what a finished session left running in its group; how many there were.
+
+    nox's exit does not wait for every descendant (pytest-xdist workers, a
+    server a test started): those still in the group are killed, so no
+    session's leftovers eat the next one's CPU.
+    """
+    strays = [int(pid) for pid in (group / "cgroup.procs").read_text().split()]
+    for pid in strays:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return len(strays)
+
+
+def _remove(group: Path) -> None:
+    """Remove an ended session's group once the kernel lets go of it (EBUSY while a
+    process in it is still being reaped); one it keeps for seconds stays behind,
+    which costs nothing and fails nothing."""
+    for _ in range(50):
+        try:
+            group.rmdir()
+            return
+        except OSError:
+            time.sleep(0.2)
+
+
 def start(session: Session) -> Running:
     """``nox -s NAME [-- ARGS]`` with its output to its log, in its own CPU group."""
     log = LOGS / f"{session.name}.log"
@@ -106,9 +134,12 @@ def finish(run: Running, status: int) -> str:
     wall = time.monotonic() - run.started
     cpu = ""
     if run.group is not None:
+        strays = _kill_strays(run.group)
         seconds = int((run.group / "cpuacct.usage").read_text()) / 1e9
+        _remove(run.group)
         cpu = f", {seconds:.1f} s CPU"
-        run.group.rmdir()
+        if strays:
+            cpu += f", {strays} process(es) it left behind killed"
     outcome = "passed" if status == 0 else f"FAILED (exit status {status})"
     line = f"ci: nox -s {run.session.name} {outcome}: {wall:.0f} s wall{cpu}"
     sys.stdout.write(f"===== {run.session.name} =====\n{run.log.read_text(errors='replace')}")
