@@ -20,8 +20,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import signal
 import shutil
+import signal
 import subprocess
 import sys
 import time
