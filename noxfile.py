@@ -309,6 +309,7 @@ def _contracts_tests(session: nox.Session, marker: str, *, parallel: bool = True
         "pytest",
         "contracts/tests",
         "--confcutdir=contracts",
+        "--durations=12",  # where the minutes go, in every CI log
         *workers,
         "-m",
         marker,
@@ -330,11 +331,13 @@ def test_scenarios(session: nox.Session) -> None:
     attack (or an honest change) and asks for a whole ``contracts pr`` verdict,
     oracle included: about a minute of CPU each, some 38 CPU-minutes in all
     (36 tests), so they are kept out of ``test-contracts``. ``.ci/run`` runs the
-    8 marked ``smoke`` (``-- -m smoke``): the oracle against the base and against
-    the float64 reference, foreign writes, the environment seal and honest
-    controls. The scenarios of ``source.name``, runtime rules inside the
-    oracle's calls and ``tests.weakened`` run only here (``source.name`` also
-    has unit tests in ``test-contracts``); run them all before changing the
+    7 marked ``smoke`` (``-- -m smoke``), one of each kind and the cheapest of
+    it: the oracle against the base on a rare input (kv_cache) and against the
+    float64 reference (a first PR), forged test results, a foreign write, the
+    environment seal, and an honest control on a leaf stage (padding). The
+    rest (the attention controls, the domain, combination, precision and
+    history scenarios, ``source.name``, runtime rules inside the oracle's calls
+    and ``tests.weakened``) run only here; run them all before changing the
     oracle, the sandbox or the source rules.
     """
     _contracts_tests(session, "scenario")

@@ -36,8 +36,9 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     config.addinivalue_line(
         "markers",
-        "smoke: the scenarios .ci/run runs (nox -s test-scenarios -- -m smoke): the oracle, "
-        "foreign writes, the environment seal, honest controls",
+        "smoke: the scenarios .ci/run runs (nox -s test-scenarios -- -m smoke): one of each "
+        "kind, the cheapest: the oracle on a rare input and against the reference, forged "
+        "results, a foreign write, the environment seal, an honest control",
     )
 
 

@@ -47,7 +47,6 @@ def _leaks(repo: RealRepo) -> None:
     assert float(repo.probe(LEAK, "main")) == 0.0
 
 
-@pytest.mark.smoke
 def test_leaking_unless_one_thread_is_seen_by_the_oracle(real_repo: RealRepo) -> None:
     """Behaves only when watched: the sandbox's tests pin one thread, a user's run has more."""
     real_repo.replace(ATTN, INIT_MASK, _mask_shifted_when("torch.get_num_threads() > 1"))

@@ -83,7 +83,6 @@ def _top_left_from(rows_cached: int) -> str:
     )
 
 
-@pytest.mark.smoke
 def test_a_fast_kernel_wrong_on_a_cache_of_16_rows_is_found(real_repo: RealRepo) -> None:
     """A fastpath PR: exact without a cache (the fastpath oracle's own calls), garbage
     once 16 rows are cached. Its closure brings kv_cache and padding, which run it."""

@@ -20,7 +20,6 @@ def _kept(repo: RealRepo, *extra: str) -> dict[str, str]:
     return status
 
 
-@pytest.mark.smoke
 def test_a_docstring_edit_of_attention_is_kept(real_repo: RealRepo) -> None:
     real_repo.replace(ATTN, "rotary position embeddings:", "rotary position embeddings (RoPE):")
     real_repo.pr("attention")
@@ -54,6 +53,7 @@ def test_a_faster_but_equal_attention_is_kept(real_repo: RealRepo) -> None:
     _kept(real_repo)
 
 
+@pytest.mark.smoke
 def test_a_docstring_edit_of_padding_is_kept(real_repo: RealRepo) -> None:
     real_repo.replace(
         PAD,
