@@ -274,7 +274,13 @@ def lint(session: nox.Session) -> None:
     GitHub workflows against GitHub's workflow schema (vendored by check-jsonschema)."""
     run_dev(session, "ruff", "check", ".", *session.posargs)
     run_dev(session, "ruff", "format", "--check", ".")
-    run_dev(session, "lint-imports", "--no-logo", "--config", str(ROOT / "pyproject.toml"))
+    # import-linter reads the experiment, the app and the benchmarks from their
+    # source folders (the shared dev env installs only the stages and the checker).
+    env = dev_env(session)
+    env["PYTHONPATH"] = os.pathsep.join(str(p) for p in (EXPERIMENTS / "src", SERVE / "src", ROOT))
+    lint_imports = shutil.which("lint-imports", path=env["PATH"]) or "lint-imports"
+    config = str(ROOT / "pyproject.toml")
+    session.run(lint_imports, "--no-logo", "--config", config, env=env, external=True)
     workflows = sorted(str(p) for p in (ROOT / ".github" / "workflows").glob("*.y*ml"))
     run_dev(session, "check-jsonschema", "--builtin-schema", "vendor.github-workflows", *workflows)
 

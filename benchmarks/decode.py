@@ -53,6 +53,7 @@ from benchmarks import floor, train
 from benchmarks.decoders import SdpaDecoder, Step, recompute_loop, rewind, step_loop
 from benchmarks.progress import note
 from benchmarks.timing import measure, sync
+from benchmarks.where import load_line, machine
 from niels_gpt.model import padding
 from niels_gpt.model.fastpath import use_fast_attention
 from niels_gpt.model.gpt import GPT
@@ -353,10 +354,6 @@ def main(argv: list[str] | None = None) -> int:
     res["load_average"] = [load0, os.getloadavg()[0]]  # other work on a shared machine
     res["targets"] = [{"target": n, "met": ok, "value": d} for n, ok, d in targets(res)]
     res["wall_s"] = time.perf_counter() - t0
-    # here, not at the top: benchmarks.run and benchmarks.report import this module
-    from benchmarks.report import load_line
-    from benchmarks.run import machine
-
     res["machine"], res["cores"] = machine(device), os.cpu_count() or 1
     load = load_line(res["load_average"], res["cores"])
     lines = [f"machine: {res['machine']}; {load}", *table_lines(res)] + [

@@ -16,6 +16,7 @@ from typing import Any
 
 from benchmarks import decode, rope_autocast
 from benchmarks import experiments as downstream
+from benchmarks.where import load_line
 
 ROOT = Path(__file__).resolve().parent.parent
 MIB = 2**20
@@ -27,14 +28,6 @@ def _ms(stat: dict[str, Any]) -> str:
 
 def _best(stat: dict[str, Any]) -> float:
     return float(min(stat["rounds_s"]))
-
-
-def load_line(load: list[float], cores: int) -> str:
-    """The load average at the start and the end of a run, with a caveat past ``cores``."""
-    line = f"load average {load[0]:.1f} at the start, {load[1]:.1f} at the end"
-    if max(load) > cores:
-        line += f" (above the {cores} cores: other work shared the machine, figures are indicative)"
-    return line
 
 
 # The table's sections in order, each named by its key in ``res`` (run.collect fills them

@@ -32,10 +32,10 @@ from benchmarks import experiments as downstream
 from benchmarks import reference as ref
 from benchmarks.progress import note, section
 from benchmarks.timing import matmul, measure, sync
+from benchmarks.where import load_line, machine
 from niels_gpt.config import ModelConfig
 from niels_gpt.model.attention import CausalSelfAttention
 from niels_gpt.model.rope import apply_rope, rope_cache
-from niels_gpt_experiments.machine import cpu_name  # on sys.path once benchmarks.experiments ran
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -51,15 +51,6 @@ def _show(res: dict[str, Any], key: str) -> None:
     lines = report.header_lines(res) if key == "header" else report.section_lines(res, key)
     print("\n".join(lines) + "\n" if lines else "", end="", flush=True)
     _PRINTED.append(key)
-
-
-def machine(device: torch.device) -> str:
-    cpu = cpu_name()
-    threads = torch.get_num_threads()
-    text = f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__} ({threads} threads)"
-    if device.type == "cuda":
-        text += f", {torch.cuda.get_device_name(device)}"
-    return f"{text}, device {device}"
 
 
 def matmul_peak(device: torch.device, rounds: int, quick: bool = False) -> float:
@@ -317,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     text = report.table(res)
     if _PRINTED:  # the header and each section went out as they were measured
         load = res.get("load_average") or []
-        closing = [report.load_line(load, res.get("cores") or os.cpu_count() or 1)]
+        closing = [load_line(load, res.get("cores") or os.cpu_count() or 1)]
         closing = closing if len(load) == 2 else []
         if "wall_s" in res:
             closing.append(f"wall time: {res['wall_s']:.0f} s")
