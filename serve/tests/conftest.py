@@ -13,6 +13,7 @@ import random
 import re
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -106,14 +107,28 @@ def client(served: Served, limits: Limits) -> Iterator[httpx.Client]:
 
 class SlowEngine:
     """An engine (the app's default, cached) with a pause each step, so a test can act
-    mid-generation."""
+    mid-generation.
 
-    def __init__(self, served: Served, pause_s: float, inner: Engine | None = None) -> None:
+    ``hold``: when given, every step after the first waits for it to be set (30 s at
+    most), so a test acts while a generation is surely running, however loaded the
+    machine is, and sets it to let the generation end.
+    """
+
+    def __init__(
+        self,
+        served: Served,
+        pause_s: float,
+        inner: Engine | None = None,
+        hold: threading.Event | None = None,
+    ) -> None:
         self.inner = inner or CachedEngine(served.model)
-        self.name, self.pause_s = self.inner.name, pause_s
+        self.name, self.pause_s, self.hold, self.steps = self.inner.name, pause_s, hold, 0
 
     def next_logits(self, batch: Sequence[Tokens]) -> torch.Tensor:
         time.sleep(self.pause_s)
+        if self.hold is not None and self.steps > 0:
+            self.hold.wait(timeout=30)
+        self.steps += 1
         return self.inner.next_logits(batch)
 
     def release(self, key: int) -> None:

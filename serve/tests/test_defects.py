@@ -6,6 +6,7 @@ import logging
 import os
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -74,13 +75,15 @@ def test_a_json_client_that_gives_up_leaves_no_traceback(served: Served) -> None
 
 def test_attention_waits_in_the_same_queue_under_the_same_limit(served: Served) -> None:
     """2000 attention requests all got 200 beside a generation, which took 30 s."""
-    app = create_app(served, ONE_SLOT, engine=SlowEngine(served, pause_s=0.05))
+    running = threading.Event()  # the generation holds after its first token until set
+    app = create_app(served, ONE_SLOT, engine=SlowEngine(served, pause_s=0.05, hold=running))
     with ThreadServer(app) as url, httpx.Client(base_url=url, timeout=30) as http:
         with http.stream("POST", "/api/generate/stream", json=LONG) as response:
             for line in response.iter_lines():
                 if line == "event: token":
                     break
             busy = http.post("/api/attention", json={"tokens": [1, 2, 3]})
+            running.set()
         assert busy.status_code == 503, busy.text
         assert busy.headers["retry-after"] == "1" and busy.json()["field"] == "body"
         wait_for(http, lambda h: h["running"] == 0)
