@@ -21,18 +21,31 @@ list, or ``1`` for any): then the session fails with that line.
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import logging
 import os
-import platform
 import shutil
-import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import nox
+
+# nox puts this folder on sys.path only by changing into it; say so outright.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from noxkit.devenv import dev_env, run_dev, run_gate
+from noxkit.devices import device_tests
+from noxkit.paths import (
+    CONSTRAINTS,
+    CONTRACTS,
+    DEV_ENV,
+    EXPERIMENTS,
+    PACKAGES,
+    REPORTS,
+    ROOT,
+    SERVE,
+    bin_dir,
+)
+from noxkit.wheels import build_wheels, wheel_venv
 
 
 class _NoUvNotice(logging.Filter):
@@ -48,203 +61,7 @@ nox.options.reuse_venv = "yes"
 nox.options.error_on_missing_interpreters = True
 nox.options.sessions = ["lint", "typecheck", "test-cpu", "test-mps", "contracts"]
 
-ROOT = Path(__file__).resolve().parent
-CONSTRAINTS = ROOT / "constraints.txt"
-# Every stage package, found rather than listed: a new stage's PR may not edit
-# this file (a meta path), yet its package must be installed and checked.
-PACKAGES = sorted(p.parent for p in (ROOT / "packages").glob("*/pyproject.toml"))
-CONTRACTS = ROOT / "contracts"
-EXPERIMENTS = ROOT / "experiments"  # a user of the stage wheels, not a stage
-SERVE = ROOT / "serve"  # the web app, another user of the stage wheels
-DEV_TOOLS = (
-    "pytest",
-    "pytest-xdist",
-    "pytest-codeblocks",
-    "hypothesis",
-    "numpy",
-    "mypy",
-    "ruff",
-    "import-linter",
-    "matplotlib",
-    "xmlschema",
-    "pre-commit",
-    "check-jsonschema",
-    "PyYAML",  # test-workflow reads the workflow
-    "markdown-it-py",  # test-readmes reads the READMEs' blocks
-    "packaging",
-    # serve/: the app's stack, for mypy over serve/src (its tests run from wheels)
-    "fastapi",
-    "uvicorn",
-    "httpx",
-    "prometheus-client",
-)
-DEV_ENV = ROOT / ".nox" / "_shared-dev"
-REPORTS = ROOT / "reports"
-REQUIRE_DEVICE_VAR = "NIELS_GPT_REQUIRE_DEVICE"
-
-
-def _fingerprint() -> str:
-    """Hash of everything that decides what the shared environment holds."""
-    digest = hashlib.sha256()
-    digest.update(sys.version.encode())
-    digest.update(" ".join(DEV_TOOLS).encode())
-    for path in (CONSTRAINTS, *(p / "pyproject.toml" for p in (*PACKAGES, CONTRACTS))):
-        digest.update(path.read_bytes())
-    return digest.hexdigest()
-
-
-def _bin_dir(env: Path) -> Path:
-    return env / ("Scripts" if sys.platform == "win32" else "bin")
-
-
-def dev_env(session: nox.Session) -> dict[str, str]:
-    """Create or reuse the shared dev environment; return the variables to run in it."""
-    bin_dir = _bin_dir(DEV_ENV)
-    stamp = DEV_ENV / "niels-gpt-fingerprint"
-    wanted = _fingerprint()
-    if not (stamp.is_file() and stamp.read_text() == wanted):
-        # Not --quiet: pip's "Collecting ..." lines are the progress of a build
-        # that takes one to two minutes (torch is most of it).
-        session.log(
-            f"building the shared dev environment in {DEV_ENV}: torch, the stages and "
-            f"{len(DEV_TOOLS)} tools, about 1-2 minutes; pip's progress follows"
-        )
-        session.run(sys.executable, "-m", "venv", "--clear", str(DEV_ENV), external=True)
-        editables = [arg for p in (*PACKAGES, CONTRACTS) for arg in ("-e", str(p))]
-        session.run(
-            str(bin_dir / "python"),
-            "-m",
-            "pip",
-            "install",
-            "--progress-bar",
-            "off",
-            "-c",
-            str(CONSTRAINTS),
-            *editables,
-            *DEV_TOOLS,
-            external=True,
-        )
-        stamp.write_text(wanted)
-    return {
-        "PATH": os.pathsep.join((str(bin_dir), os.environ.get("PATH", ""))),
-        "VIRTUAL_ENV": str(DEV_ENV),
-    }
-
-
-def run_dev(session: nox.Session, *args: str) -> None:
-    """Run a command from the shared dev environment."""
-    env = dev_env(session)
-    program = shutil.which(args[0], path=env["PATH"]) or args[0]
-    session.run(program, *args[1:], env=env, external=True)
-
-
-GATE_EXITS = {
-    1: "contracts exited 1: BROKEN, a rule is broken (see above)",
-    2: "contracts exited 2: a usage or configuration error; no verdict was given",
-}
-
-
-def run_gate(session: nox.Session, *args: str) -> None:
-    """Run ``contracts`` and say which of its exit statuses it was.
-
-    nox ends every failed session with status 1; the line printed here keeps
-    contracts' own distinction (1 BROKEN, 2 no verdict) visible in the log.
-    """
-    env = dev_env(session)
-    program = str(_bin_dir(DEV_ENV) / "contracts")
-    session.log(" ".join(["contracts", *args]))
-    code = subprocess.run([program, *args], env={**os.environ, **env}, check=False).returncode
-    if code:
-        session.error(GATE_EXITS.get(code, f"contracts exited {code}: an unexpected status"))
-
-
 # --- device test sessions ---------------------------------------------------
-
-
-def _platform_can_have(kind: str) -> tuple[bool, str]:
-    """Cheap check without torch, so an absent device skips before any install."""
-    system, machine = platform.system(), platform.machine()
-    if kind == "mps" and not (system == "Darwin" and machine == "arm64"):
-        return False, f"MPS needs macOS on Apple silicon; this is {system} {machine}"
-    if kind == "cuda" and system != "Windows" and shutil.which("nvidia-smi") is None:
-        return False, "no NVIDIA driver found (nvidia-smi is not on PATH)"
-    return True, ""
-
-
-def _device_required(kind: str) -> bool:
-    wanted = {v.strip().lower() for v in os.environ.get(REQUIRE_DEVICE_VAR, "").split(",")}
-    return kind in wanted or "1" in wanted
-
-
-def _absent(session: nox.Session, kind: str, why: str) -> None:
-    if _device_required(kind):
-        session.error(f"{kind} is required ({REQUIRE_DEVICE_VAR}) but not usable here: {why}")
-    session.skip(f"{kind} not usable here, tests not run: {why}")
-
-
-def _probe(session: nox.Session, kind: str) -> tuple[bool, str]:
-    """Usable or not, and why: the contracts device probe, in the dev environment."""
-    env = dev_env(session)
-    python = str(_bin_dir(DEV_ENV) / "python")
-    out = subprocess.run(
-        [python, "-m", "niels_gpt_contracts.device_probe", kind],
-        env={**os.environ, **env},
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    lines = out.stdout.strip().splitlines()
-    if out.returncode not in (0, 1) or not lines:
-        tail = out.stderr.strip().splitlines()[-1:] or ["no output"]
-        session.error(f"the {kind} probe could not run (exit status {out.returncode}): {tail[0]}")
-    line = lines[-1]
-    if out.returncode == 0:
-        return True, line
-    return False, line.removeprefix(f"{kind}: unusable: ")
-
-
-def acceptance_dirs() -> list[str]:
-    """``specs/<stage>/tests`` of every stage whose package exists.
-
-    The maintainers' acceptance tests land with a new stage's spec, before the
-    stage's first PR; until its package is there they have nothing to test.
-    """
-    return sorted(
-        str(tests.relative_to(ROOT))
-        for tests in (ROOT / "specs").glob("*/tests")
-        if (ROOT / "packages" / tests.parent.name).is_dir()
-    )
-
-
-# The READMEs' Python examples, run as tests once, on the CPU (pytest-codeblocks;
-# ``packages`` brings each stage's README). Shell blocks are install and nox
-# commands: the root conftest deselects them.
-# experiments/README.md is left to test-readmes: its examples import the
-# experiment, which the shared dev environment does not install.
-README_EXAMPLES = ("--codeblocks", "README.md")
-
-
-def device_tests(session: nox.Session, kind: str) -> None:
-    if kind != "cpu":
-        present, why = _platform_can_have(kind)  # no environment to build where it cannot be
-        if present:
-            present, why = _probe(session, kind)
-        if not present:
-            _absent(session, kind, why)
-        session.log(f"device probe: {why}")
-    REPORTS.mkdir(exist_ok=True)
-    run_dev(
-        session,
-        "pytest",
-        "packages",
-        *acceptance_dirs(),
-        f"--device={kind}",
-        "--numprocesses=auto",
-        f"--invariant-report={REPORTS / f'invariants-{kind}.json'}",
-        "--invariant-report-merge",  # a narrowed run (-k rope) adds to the report
-        *(README_EXAMPLES if kind == "cpu" else ()),
-        *session.posargs,
-    )
 
 
 @nox.session(name="test-cpu", venv_backend="none")
@@ -299,7 +116,7 @@ def typecheck(session: nox.Session) -> None:
     others += [str(SERVE / "src"), str(ROOT / ".ci" / "schedule.py")]
     env["MYPYPATH"] = os.pathsep.join([*sources, *others])
     files = session.posargs or [*sources, *others, *drivers]
-    session.run(str(_bin_dir(DEV_ENV) / "mypy"), *files, env=env, external=True)
+    session.run(str(bin_dir(DEV_ENV) / "mypy"), *files, env=env, external=True)
 
 
 def _contracts_tests(session: nox.Session, marker: str, *, parallel: bool = True) -> None:
@@ -386,7 +203,7 @@ def pr_verdict(session: nox.Session) -> None:
     from a checker installed from the base, with an interpreter built from the
     base's constraints. ``--head`` defaults to the working tree.
     """
-    python = str(_bin_dir(DEV_ENV) / "python")
+    python = str(bin_dir(DEV_ENV) / "python")
     args = list(session.posargs) or ["--base", "origin/main"]
     cache = str(ROOT / ".contracts-cache")
     run_gate(session, "pr", "--python", python, "--cache-dir", cache, *args)
@@ -427,91 +244,6 @@ def build(session: nox.Session) -> None:
     session.log(f"wheels in {dist}")
 
 
-PROJECTS = (*PACKAGES, CONTRACTS, EXPERIMENTS, SERVE)
-WHEELHOUSE = ROOT / ".nox" / "_wheelhouse"
-
-
-def _sources_fingerprint() -> str:
-    """Hash of every file a wheel may be built from: what git tracks or would track
-    (untracked but not ignored) under each project, by path and content."""
-    listed = subprocess.run(
-        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--",
-         *(str(p.relative_to(ROOT)) for p in PROJECTS)],
-        cwd=ROOT, capture_output=True, check=True,
-    ).stdout.decode().split("\0")  # fmt: skip
-    digest = hashlib.sha256(CONSTRAINTS.read_bytes())
-    for rel in sorted(filter(None, listed)):
-        path = ROOT / rel
-        if path.is_file():  # listed but deleted in the working tree: not built from
-            digest.update(rel.encode() + b"\0" + path.read_bytes() + b"\0")
-    return digest.hexdigest()
-
-
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """Hold an exclusive lock on ``path`` (POSIX; elsewhere no lock: one session at a time)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w") as handle:
-        if sys.platform != "win32":
-            import fcntl
-
-            fcntl.flock(handle, fcntl.LOCK_EX)
-        yield
-
-
-def build_wheels(session: nox.Session) -> Path:
-    """A wheel of every stage, the checker, the experiment and the app; their folder.
-
-    Built once per source tree into ``.nox/_wheelhouse/<fingerprint>`` and reused
-    by every session that installs them (test-experiments, test-serve,
-    test-readmes, serve, build): the fingerprint covers every file git would
-    build from and the constraints, so an edit rebuilds. Sessions that start
-    together wait on a lock for one build. Older folders are removed.
-    """
-    wanted = _sources_fingerprint()
-    out = WHEELHOUSE / wanted[:16]
-    with _locked(WHEELHOUSE / ".lock"):
-        if (out / "complete").is_file():
-            session.log(f"wheels of this tree already built: {out}")
-            return out
-        for old in WHEELHOUSE.iterdir():
-            if old.is_dir():
-                shutil.rmtree(old, ignore_errors=True)
-        session.install("-c", str(CONSTRAINTS), "build", "hatchling")
-        for project in PROJECTS:
-            session.run(
-                "python", "-m", "build", "--wheel", "--no-isolation", "--outdir", str(out),
-                str(project), silent=True,
-            )  # fmt: skip
-        (out / "complete").write_text(wanted)
-    return out
-
-
-def wheel_venv(
-    session: nox.Session, venv: Path, wheels: Path, requirement: str
-) -> tuple[str, dict[str, str]]:
-    """A bare venv at ``venv``, ``requirement`` installed from ``wheels`` with constraints.
-
-    No ensurepip and no byte-compiling of torch's thousands of modules: the
-    session's own pip installs into it (``--python``). Returns the venv's
-    ``python`` and the environment to run it in (its ``bin`` first on ``PATH``,
-    one intra-op thread: the models are tiny and the machine shared).
-    """
-    session.run(sys.executable, "-m", "venv", "--without-pip", str(venv), external=True)
-    bin_dir = _bin_dir(venv)
-    python = str(bin_dir / "python")
-    session.run(
-        "python", "-m", "pip", "--python", python, "install", "--quiet", "--no-compile",
-        "-c", str(CONSTRAINTS), "--find-links", str(wheels), requirement,
-    )  # fmt: skip
-    env = {
-        "PATH": os.pathsep.join((str(bin_dir), os.environ.get("PATH", ""))),
-        "VIRTUAL_ENV": str(venv),
-        "OMP_NUM_THREADS": "1",
-    }
-    return python, env
-
-
 @nox.session(name="test-readmes")
 def test_readmes(session: nox.Session) -> None:
     """Every README's examples, in order, from the wheels its own install lines bring.
@@ -527,7 +259,7 @@ def test_readmes(session: nox.Session) -> None:
     wheels = build_wheels(session)
     env = {**dev_env(session), "NIELS_GPT_WHEELS": str(wheels)}
     session.run(
-        str(_bin_dir(DEV_ENV) / "pytest"), str(ROOT / "tests"), "-p", "no:cacheprovider",
+        str(bin_dir(DEV_ENV) / "pytest"), str(ROOT / "tests"), "-p", "no:cacheprovider",
         "--numprocesses=auto", *session.posargs, env=env, external=True,
     )  # fmt: skip
 
@@ -556,7 +288,7 @@ def test_experiments(session: nox.Session) -> None:
     shutil.rmtree(tmp, ignore_errors=True)
     wheels, venv, work = build_wheels(session), tmp / "venv", tmp / "work"
     python, env = wheel_venv(session, venv, wheels, "niels-gpt-experiments[test,plot]")
-    bin_dir = _bin_dir(venv)
+    scripts = bin_dir(venv)
     probe = (
         "import sys, torch, niels_gpt.model.gpt as g, niels_gpt.model.block_v0 as b, "
         "niels_gpt_experiments as e\n"
@@ -579,7 +311,7 @@ def test_experiments(session: nox.Session) -> None:
     # PEP 561 per stage: three stage wheels alone, one uninstalled, the other two typed.
     three = tmp / "three"
     session.run(sys.executable, "-m", "venv", "--without-pip", str(three), external=True)
-    python3 = str(_bin_dir(three) / "python")
+    python3 = str(bin_dir(three) / "python")
     session.run(
         "python", "-m", "pip", "--python", python3, "install", "--quiet", "--no-compile",
         "-c", str(CONSTRAINTS), "torch",
@@ -601,11 +333,11 @@ def test_experiments(session: nox.Session) -> None:
     )  # fmt: skip
     data = str(work / "data")
     session.run(
-        str(bin_dir / "niels-train"), "--quick", "--out", str(work / "train"), "--data-dir", data,
+        str(scripts / "niels-train"), "--quick", "--out", str(work / "train"), "--data-dir", data,
         "--device", "cpu", env=env, external=True,
     )  # fmt: skip
     session.run(
-        str(bin_dir / "niels-ablate"), "--quick", "--out", str(work / "ablate"), "--data-dir", data,
+        str(scripts / "niels-ablate"), "--quick", "--out", str(work / "ablate"), "--data-dir", data,
         env=env, external=True,
     )  # fmt: skip
 

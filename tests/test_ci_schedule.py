@@ -37,7 +37,7 @@ def _schedule(tmp_path: Path) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     sys.modules["ci_schedule"] = module  # dataclasses look their module up by name
     spec.loader.exec_module(module)
-    module.ROOT, module.LOGS = tmp_path, tmp_path / ".ci-logs"
+    vars(module).update(ROOT=tmp_path, LOGS=tmp_path / ".ci-logs")
     return module
 
 

@@ -37,6 +37,7 @@ def test_must_not_change_fails(repo: Repo) -> None:
 
 def test_meta_change_fails_every_stage(repo: Repo) -> None:
     repo.write("noxfile.py", "# sessions, edited\n")
+    repo.write("noxkit/devenv.py", "# the dev env, edited\n")
     repo.write("contracts/x.py", "\n")
     repo.write(".github/workflows/ci.yml", "on: push\n")
     repo.commit()
@@ -45,6 +46,7 @@ def test_meta_change_fails_every_stage(repo: Repo) -> None:
         assert code == 1
         assert rules(out) == {
             ("path.meta", "noxfile.py"),
+            ("path.meta", "noxkit/devenv.py"),
             ("path.meta", "contracts/x.py"),
             ("path.meta", ".github/workflows/ci.yml"),
         }

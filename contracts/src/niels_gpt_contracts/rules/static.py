@@ -13,8 +13,9 @@ from niels_gpt_contracts.rules.doc import GATE_FROM_BASE, RuleDoc
 STATIC: dict[str, RuleDoc] = {
     "path.meta": RuleDoc(
         "A stage PR changed a meta path.",
-        "Meta paths (specs/, contracts/, .github/, .ci/, noxfile.py, constraints.txt, the "
-        "root pyproject.toml, .pre-commit-hooks.yaml) decide how every stage is judged, so "
+        "Meta paths (specs/, contracts/, .github/, .ci/, noxfile.py and noxkit/, "
+        "constraints.txt, the root pyproject.toml, .pre-commit-hooks.yaml) decide how every "
+        "stage is judged, so "
         "they belong to no stage and no stage PR may add, change or delete them.",
         "Move the meta change into its own PR, which a maintainer reviews and merges; keep "
         "the stage PR to the stage's own paths.",

@@ -28,6 +28,7 @@ META_PATTERNS: tuple[str, ...] = (
     "/.github",
     "/.ci",
     "/noxfile.py",
+    "/noxkit",  # noxfile.py's helpers: how every stage's tests are run
     "/constraints.txt",
     "/pyproject.toml",
     "/.pre-commit-hooks.yaml",
