@@ -148,19 +148,18 @@ def test_contracts(session: nox.Session) -> None:
 
 @nox.session(name="test-scenarios", venv_backend="none")
 def test_scenarios(session: nox.Session) -> None:
-    """Issue 19's attacks and controls on the real stages (``scenario`` marker).
+    """Attacks and controls judged by whole verdicts with torch in the sandbox (``scenario``).
 
-    Each test builds a scratch repository of the real stages, commits an
-    attack (or an honest change) and asks for a whole ``contracts pr`` verdict,
-    oracle included: about a minute of CPU each, some 38 CPU-minutes in all
-    (36 tests), so they are kept out of ``test-contracts``. ``.ci/run`` runs the
-    7 marked ``smoke`` (``-- -m smoke``), one of each kind and the cheapest of
-    it: the oracle against the base on a rare input (kv_cache) and against the
-    float64 reference (a first PR), forged test results, a foreign write, the
-    environment seal, and an honest control on a leaf stage (padding). The
-    rest (the attention controls, the domain, combination, precision and
-    history scenarios, ``source.name``, runtime rules inside the oracle's calls
-    and ``tests.weakened``) run only here; run them all before changing the
+    Most build a scratch repository of the real stages, commit an attack (or
+    an honest change) and ask for a whole ``contracts pr`` verdict, oracle
+    included: one to three CPU-minutes each. The rest are the toy monorepo's
+    torch attacks (fused attention reached at run time, a lazy import of the
+    fast path), its environment seal, and two verdicts sharing a cold cache
+    that build a real sandbox environment. 60 tests, about 40 CPU-minutes, so
+    neither ``test-contracts`` nor a landing ``.ci/run`` runs them all: it runs
+    the 4 marked ``smoke`` (``-- -m smoke``), a first PR against the float64
+    reference, a foreign write on the real stages and the environment seal
+    both ways. ``.ci/run --full`` runs every one; run them before changing the
     oracle, the sandbox or the source rules.
     """
     _contracts_tests(session, "scenario")

@@ -6,7 +6,8 @@ passed; at most ``--slots`` run at a time, started in the order listed, so
 the longest chains go first. A session's output goes to ``.ci-logs/NAME.log``
 and is printed whole when it ends, under a line with its wall time and the
 CPU it used. Every session runs unless one it needs failed; the exit status
-is 1 if any session failed or was not run, else 0.
+is 1 if any session failed or was not run, else 0. ``--full`` (``.ci/run
+--full``) adds the slow judges a landing run leaves out (see ``SESSIONS``).
 
 The CPU is counted in a cgroup v1 ``cpuacct`` group of the session's own
 where the machine allows it (root): it then covers every descendant,
@@ -35,26 +36,43 @@ CPUACCT = Path("/sys/fs/cgroup/cpuacct")
 
 @dataclass(frozen=True)
 class Session:
-    """One ``nox -s`` call: its name, the arguments after ``--``, and what must pass first."""
+    """One ``nox -s`` call: its name, the arguments after ``--``, what must pass first,
+    and whether only ``--full`` runs it (``full_args``: its arguments there instead)."""
 
     name: str
     args: tuple[str, ...] = ()
     needs: tuple[str, ...] = ()
+    full_only: bool = False
+    full_args: tuple[str, ...] | None = None
+
+
+def tier(sessions: tuple[Session, ...], full: bool) -> tuple[Session, ...]:
+    """The sessions one run starts: every one with ``full`` (each with its full
+    arguments), else those not marked ``full_only``."""
+    if not full:
+        return tuple(s for s in sessions if not s.full_only)
+    return tuple(
+        Session(s.name, s.args if s.full_args is None else s.full_args, s.needs) for s in sessions
+    )
 
 
 # In starting order. lint builds the shared dev environment every other
 # session with "lint" in its needs runs in; the wheel sessions build their own
 # venvs (and the wheels, once, in .nox/_wheelhouse) and start at once.
+# A landing run (``.ci/run``) fits twelve minutes of this 2-core machine; the
+# slow judges are left to ``.ci/run --full`` (about an hour): the mutant proof
+# of all 272 catalogued bugs (about 420 CPU-s), every scenario rather than the
+# smoke ones (about 40 CPU-minutes) and the workflow replay.
 SESSIONS = (
     Session("lint"),
     Session("test-experiments"),
     Session("test-contracts", needs=("lint",)),
-    Session("test-scenarios", ("-m", "smoke"), needs=("lint",)),
-    Session("mutants", needs=("lint",)),
+    Session("test-scenarios", ("-m", "smoke"), needs=("lint",), full_args=()),
+    Session("mutants", needs=("lint",), full_only=True),
     Session("test-cpu", needs=("lint",)),
     Session("test-mps", needs=("lint",)),
     Session("contracts", needs=("test-cpu", "test-mps")),  # reads their reports
-    Session("test-workflow", needs=("lint",)),
+    Session("test-workflow", needs=("lint",), full_only=True),
     Session("test-serve"),
     Session("test-readmes", needs=("lint",)),
     Session("typecheck", needs=("lint",)),
@@ -150,17 +168,22 @@ def finish(run: Running, status: int) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--slots", type=int, default=3, help="sessions at once (default 3)")
-    slots = parser.parse_args().slots
+    parser.add_argument(
+        "--full", action="store_true", help="also the slow judges (see SESSIONS), every scenario"
+    )
+    options = parser.parse_args()
+    slots = options.slots
     if slots < 1:
         parser.error(f"--slots must be at least 1, got {slots}")
-    listed = [s.name for s in SESSIONS]
-    for i, session in enumerate(SESSIONS):  # needs name earlier sessions: nothing waits forever
+    sessions = tier(SESSIONS, options.full)
+    listed = [s.name for s in sessions]
+    for i, session in enumerate(sessions):  # needs name earlier sessions: nothing waits forever
         unknown = set(session.needs) - set(listed[:i])
         if unknown:
             parser.error(f"{session.name} needs {sorted(unknown)}, not listed before it")
     LOGS.mkdir(exist_ok=True)
     began = time.monotonic()
-    waiting, running = list(SESSIONS), list[Running]()
+    waiting, running = list(sessions), list[Running]()
     passed: set[str] = set()
     failed: set[str] = set()
     summary: list[str] = []
@@ -186,7 +209,7 @@ def main() -> int:
             time.sleep(1)
     print(f"===== summary: {time.monotonic() - began:.0f} s =====")
     print("\n".join(summary), flush=True)
-    return 0 if passed == {s.name for s in SESSIONS} else 1
+    return 0 if passed == {s.name for s in sessions} else 1
 
 
 if __name__ == "__main__":

@@ -31,14 +31,15 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     config.addinivalue_line(
         "markers",
-        "scenario: a real-stage attack or control judged by a whole `contracts pr` with the "
-        "oracle (about a minute each; nox -s test-scenarios)",
+        "scenario: an attack or control judged by a whole `contracts pr` with torch in the "
+        "sandbox, on the real stages or the toy monorepo's torch stages (up to minutes each; "
+        "nox -s test-scenarios)",
     )
     config.addinivalue_line(
         "markers",
-        "smoke: the scenarios .ci/run runs (nox -s test-scenarios -- -m smoke): one of each "
-        "kind, the cheapest: the oracle on a rare input and against the reference, forged "
-        "results, a foreign write, the environment seal, an honest control",
+        "smoke: the scenarios .ci/run runs (nox -s test-scenarios -- -m smoke): a first PR "
+        "against the float64 reference, a foreign write, the environment seal; "
+        ".ci/run --full runs every scenario",
     )
 
 

@@ -277,6 +277,7 @@ def test_an_emptied_parametrisation_is_named(pr_repo: PrRepo) -> None:
     assert {"tests.missing", "tests.skipped"} <= rules_of(out)
 
 
+@pytest.mark.scenario  # a verdict with torch in the sandbox each: nox -s test-scenarios
 @pytest.mark.parametrize(
     ("reach", "rules"),
     [
@@ -298,6 +299,7 @@ def test_sdpa_reached_by_a_built_name_is_caught_at_run_time(
     assert rules | {"runtime.no-sdpa-runtime"} <= rules_of(out), out["violations"]
 
 
+@pytest.mark.scenario  # a verdict with torch in the sandbox: nox -s test-scenarios
 def test_a_lazy_import_of_the_fastpath_stage_is_caught(pr_repo: PrRepo) -> None:
     pr_repo.replace(
         ATTN,
@@ -311,6 +313,7 @@ def test_a_lazy_import_of_the_fastpath_stage_is_caught(pr_repo: PrRepo) -> None:
     assert {"module.undeclared-import", "runtime.no-sdpa-runtime"} <= rules_of(out)
 
 
+@pytest.mark.scenario  # a verdict with torch in the sandbox: nox -s test-scenarios
 def test_sdpa_only_under_no_grad_is_caught(pr_repo: PrRepo) -> None:
     """Fused attention only where no gradient is asked for, reached by passing getattr."""
     pr_repo.replace(ATTN, "import math\n", "import functools\nimport math\n")

@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from prkit import PrRepo
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,6 +24,7 @@ ROPE = "packages/rope/src/ngt/model/rope.py"
 RUNS = 2
 
 
+@pytest.mark.scenario  # builds a sandbox env with torch: nox -s test-scenarios
 def test_verdicts_started_together_on_a_cold_cache_share_it(pr_repo: PrRepo) -> None:
     pr_repo.write("constraints.txt", (ROOT / "constraints.txt").read_text())
     pr_repo.git("add", "-A")

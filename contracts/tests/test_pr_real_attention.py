@@ -75,7 +75,6 @@ def test_an_interpreter_module_through_torch_is_refused_and_the_leak_seen(
     assert {"source.name", "oracle.differs"} <= rules_of(out)
 
 
-@pytest.mark.smoke
 def test_forged_test_results_do_not_hide_the_leak(real_repo: RealRepo) -> None:
     """The stage always leaks and, when imported under pytest, makes every test pass."""
     real_repo.replace(ATTN, INIT_MASK, _mask_shifted_when("True"))

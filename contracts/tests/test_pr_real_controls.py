@@ -53,7 +53,6 @@ def test_a_faster_but_equal_attention_is_kept(real_repo: RealRepo) -> None:
     _kept(real_repo)
 
 
-@pytest.mark.smoke
 def test_a_docstring_edit_of_padding_is_kept(real_repo: RealRepo) -> None:
     real_repo.replace(
         PAD,

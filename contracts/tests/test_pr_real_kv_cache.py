@@ -89,7 +89,6 @@ def test_forged_test_results_do_not_hide_a_wrong_decode(real_repo: RealRepo) -> 
     assert rows(out)["oracle:cpu"] == "BROKEN"
 
 
-@pytest.mark.smoke
 def test_a_decode_wrong_after_96_cached_tokens_is_found(real_repo: RealRepo) -> None:
     """Rare input: only decode steps after 96 cached tokens (no test generates that far)."""
     real_repo.replace(KV, NEXT, _stale_when("col > 96"))
