@@ -111,8 +111,12 @@ class SlowEngine:
 
     ``hold``: when given, every step after the first waits for it to be set (30 s at
     most), so a test acts while a generation is surely running, however loaded the
-    machine is, and sets it to let the generation end.
+    machine is, and sets it to let the generation end. Subclasses that set only
+    ``inner``, ``name`` and ``pause_s`` get no hold (the class defaults).
     """
+
+    hold: threading.Event | None = None
+    steps = 0
 
     def __init__(
         self,
