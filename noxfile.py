@@ -156,11 +156,11 @@ def test_scenarios(session: nox.Session) -> None:
     torch attacks (fused attention reached at run time, a lazy import of the
     fast path), its environment seal, and two verdicts sharing a cold cache
     that build a real sandbox environment. 60 tests, about 40 CPU-minutes, so
-    neither ``test-contracts`` nor a landing ``.ci/run`` runs them all: it runs
-    the 4 marked ``smoke`` (``-- -m smoke``), a first PR against the float64
-    reference, a foreign write on the real stages and the environment seal
-    both ways. ``.ci/run --full`` runs every one; run them before changing the
-    oracle, the sandbox or the source rules.
+    neither ``test-contracts`` nor a landing ``.ci/run`` runs them;
+    ``.ci/run --full`` does. ``-- -m smoke`` picks 4 for a few minutes: a first
+    PR against the float64 reference, a foreign write on the real stages and
+    the environment seal both ways. Run them all before changing the oracle,
+    the sandbox or the source rules.
     """
     _contracts_tests(session, "scenario")
 

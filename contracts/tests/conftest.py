@@ -37,8 +37,8 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     config.addinivalue_line(
         "markers",
-        "smoke: the scenarios .ci/run runs (nox -s test-scenarios -- -m smoke): a first PR "
-        "against the float64 reference, a foreign write, the environment seal; "
+        "smoke: 4 scenarios for a few minutes (nox -s test-scenarios -- -m smoke): a first "
+        "PR against the float64 reference, a foreign write, the environment seal; "
         ".ci/run --full runs every scenario",
     )
 
