@@ -93,11 +93,12 @@ def lint(session: nox.Session) -> None:
     run_dev(session, "ruff", "format", "--check", ".")
     # import-linter reads the experiment, the app and the benchmarks from their
     # source folders (the shared dev env installs only the stages and the checker).
-    env = dev_env(session)
-    env["PYTHONPATH"] = os.pathsep.join(str(p) for p in (EXPERIMENTS / "src", SERVE / "src", ROOT))
-    lint_imports = shutil.which("lint-imports", path=env["PATH"]) or "lint-imports"
-    config = str(ROOT / "pyproject.toml")
-    session.run(lint_imports, "--no-logo", "--config", config, env=env, external=True)
+    sources = os.pathsep.join(str(p) for p in (EXPERIMENTS / "src", SERVE / "src", ROOT))
+    run_dev(
+        session,
+        *("lint-imports", "--no-logo", "--config", str(ROOT / "pyproject.toml")),
+        extra_env={"PYTHONPATH": sources},
+    )
     workflows = sorted(str(p) for p in (ROOT / ".github" / "workflows").glob("*.y*ml"))
     run_dev(session, "check-jsonschema", "--builtin-schema", "vendor.github-workflows", *workflows)
 
@@ -155,10 +156,10 @@ def test_scenarios(session: nox.Session) -> None:
     included: one to three CPU-minutes each. The rest are the toy monorepo's
     torch attacks (fused attention reached at run time, a lazy import of the
     fast path), its environment seal, and two verdicts sharing a cold cache
-    that build a real sandbox environment. 60 tests (43 of them took 48 minutes
-    and 97 CPU-minutes in one quiet run on two cores), so
-    neither ``test-contracts`` nor a landing ``.ci/run`` runs them;
-    ``.ci/run --full`` does. ``-- -m smoke`` picks 4 for a few minutes: a first
+    that build a real sandbox environment. 60 tests (43 of them took 48
+    minutes and 97 CPU-minutes in one quiet run on two cores), so neither
+    ``test-contracts`` nor a landing ``.ci/run`` runs them; ``.ci/run --full``
+    does. ``-- -m smoke`` picks 4 for a few minutes: a first
     PR against the float64 reference, a foreign write on the real stages and
     the environment seal both ways. Run them all before changing the oracle,
     the sandbox or the source rules.

@@ -85,9 +85,9 @@ def dev_env(session: nox.Session) -> dict[str, str]:
     }
 
 
-def run_dev(session: nox.Session, *args: str) -> None:
-    """Run a command from the shared dev environment."""
-    env = dev_env(session)
+def run_dev(session: nox.Session, *args: str, extra_env: dict[str, str] | None = None) -> None:
+    """Run a command from the shared dev environment, with ``extra_env`` set beside its own."""
+    env = {**dev_env(session), **(extra_env or {})}
     program = shutil.which(args[0], path=env["PATH"]) or args[0]
     session.run(program, *args[1:], env=env, external=True)
 

@@ -1,7 +1,7 @@
 """The name of the CPU a run measured on, for the header of a report.
 
 Torch-free, so a command's report can name its machine without importing torch.
-The benchmarks (``benchmarks/run.py``) print the same name in their table.
+The benchmarks (``benchmarks/where.py``) print the same name in their tables.
 """
 
 from __future__ import annotations
