@@ -111,8 +111,10 @@ class SlowEngine:
 
     ``hold``: when given, every step after the first waits for it to be set (30 s at
     most), so a test acts while a generation is surely running, however loaded the
-    machine is, and sets it to let the generation end. Subclasses that set only
-    ``inner``, ``name`` and ``pause_s`` get no hold (the class defaults).
+    machine is, and sets it to let the generation end. ``holding`` is set once a step
+    has begun to wait, so the test knows the request sits in the running batch.
+    Subclasses that set only ``inner``, ``name`` and ``pause_s`` get no hold (the
+    class defaults).
     """
 
     hold: threading.Event | None = None
@@ -127,10 +129,12 @@ class SlowEngine:
     ) -> None:
         self.inner = inner or CachedEngine(served.model)
         self.name, self.pause_s, self.hold, self.steps = self.inner.name, pause_s, hold, 0
+        self.holding = threading.Event()
 
     def next_logits(self, batch: Sequence[Tokens]) -> torch.Tensor:
         time.sleep(self.pause_s)
         if self.hold is not None and self.steps > 0:
+            self.holding.set()
             self.hold.wait(timeout=30)
         self.steps += 1
         return self.inner.next_logits(batch)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import signal
@@ -76,15 +77,22 @@ def test_a_json_client_that_gives_up_leaves_no_traceback(served: Served) -> None
 def test_attention_waits_in_the_same_queue_under_the_same_limit(served: Served) -> None:
     """2000 attention requests all got 200 beside a generation, which took 30 s."""
     running = threading.Event()  # the generation holds after its first token until set
-    app = create_app(served, ONE_SLOT, engine=SlowEngine(served, pause_s=0.05, hold=running))
-    with ThreadServer(app) as url, httpx.Client(base_url=url, timeout=30) as http:
+    engine = SlowEngine(served, pause_s=0.05, hold=running)
+    app = create_app(served, ONE_SLOT, engine=engine)
+    with ThreadServer(app) as url, httpx.Client(base_url=url, timeout=60) as http:
         with http.stream("POST", "/api/generate/stream", json=LONG) as response:
-            for line in response.iter_lines():
-                if line == "event: token":
-                    break
+            lines = response.iter_lines()
+            first = list(itertools.takewhile(lambda s: s != "event: token", lines))
+            assert engine.holding.wait(timeout=30), f"no second step; the stream: {first}"
+            health = http.get("/api/health").json()  # taken while the step holds
             busy = http.post("/api/attention", json={"tokens": [1, 2, 3]})
             running.set()
-        assert busy.status_code == 503, busy.text
+            rest = [line for line in lines if line.startswith("event:")]
+        seen = (
+            f"{busy.text[:120]}; health while held: {health}; "
+            f"then the stream sent {len(rest)} events, the last {rest[-1:]}"
+        )
+        assert busy.status_code == 503, seen
         assert busy.headers["retry-after"] == "1" and busy.json()["field"] == "body"
         wait_for(http, lambda h: h["running"] == 0)
         assert http.post("/api/attention", json={"tokens": [1, 2, 3]}).status_code == 200
