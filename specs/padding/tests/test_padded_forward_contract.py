@@ -1,0 +1,223 @@
+"""Acceptance tests of ``padded_forward`` (stage padding): its output's shapes and
+dtypes, the model it hands back and the input it refuses.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from niels_gpt.checks import InputError
+from niels_gpt.config import ModelConfig
+from niels_gpt.model.attention import CausalSelfAttention
+from niels_gpt.model.fastpath import sdpa_kernel
+from niels_gpt.model.kv_cache import use_kv_cache
+from niels_gpt.model.padding import padded_forward
+
+_SPEC = importlib.util.spec_from_file_location("padding_kit", Path(__file__).with_name("_kit.py"))
+assert _SPEC is not None and _SPEC.loader is not None
+kit = importlib.util.module_from_spec(_SPEC)  # the stage's shared builders (_kit.py)
+_SPEC.loader.exec_module(kit)
+
+# --- the output ----------------------------------------------------------------------------------
+
+
+@pytest.mark.invariant("padding.output_contract")
+@pytest.mark.parametrize("fast", [False, True])
+def test_output_shapes_and_dtypes_are_the_explicit_paths(
+    device: torch.device,
+    float_dtypes: tuple[torch.dtype, ...],
+    randomise: kit.Randomise,
+    fast: bool,
+) -> None:
+    cfg = ModelConfig(V=17, T=8, C=16, L=2, H=4, d_ff=12, dropout=0.1)
+    for dtype in float_dtypes:
+        model = kit.model(cfg, device, dtype, randomise, 2, fast)
+        ids = kit.tokens(cfg, 3, 7, 5, device)  # (3, 7)
+        mask = kit.mask([2, 0, 6], 7, device)
+        with torch.no_grad():
+            _, explicit = model.forward_with_attn_trace(ids, 0, return_full_attn=True)
+            logits = padded_forward(model, ids, mask)
+            traced, trace = padded_forward(model, ids, mask, trace_layer=1)
+        assert isinstance(logits, torch.Tensor)
+        assert logits.shape == traced.shape == (3, 7, cfg.V)
+        assert logits.dtype == traced.dtype == dtype and logits.device == ids.device
+        assert set(trace) == {"layer", "attn_row", "attn_full"} and trace["layer"] == 1
+        full = trace["attn_full"]
+        assert explicit["attn_full"] is not None and full is not None
+        assert full.shape == (3, cfg.H, 7, 7) and full.dtype == explicit["attn_full"].dtype
+        assert trace["attn_row"].shape == (3, cfg.H, 7) and full.device == ids.device
+
+
+# --- the model afterwards -----------------------------------------------------------------------
+
+
+@pytest.mark.invariant("padding.leaves_model")
+@pytest.mark.parametrize("fast", [False, True])
+@pytest.mark.parametrize("training", [False, True])
+def test_padded_forward_hands_the_model_back_as_it_was(
+    device: torch.device, randomise: kit.Randomise, fast: bool, training: bool
+) -> None:
+    cfg = ModelConfig(V=21, T=8, C=16, L=2, H=2, d_ff=12, dropout=0.1)
+    model = kit.model(cfg, device, torch.float32, randomise, 6, fast).train(training)
+    before = kit.state(model)
+    ids = kit.tokens(cfg, 2, 8, 1, device)  # (2, 8)
+    logits = padded_forward(model, ids, kit.mask([3, 0], 8, device), trace_layer=1)[0]
+    logits.sum().backward()
+    kit.assert_same_state(model, before)
+    assert all(type(b.attn) is CausalSelfAttention for b in model.blocks)
+    assert all(b.attn.kernel is (sdpa_kernel if fast else None) for b in model.blocks)
+    model.zero_grad()
+    with torch.no_grad():
+        padded_forward(model, ids, kit.mask([0, 5], 8, device))
+    kit.assert_same_state(model, before)
+
+
+@pytest.mark.invariant("padding.leaves_model")
+@pytest.mark.parametrize("fast", [False, True])
+def test_padded_forward_restores_the_model_when_a_layer_fails(
+    device: torch.device, randomise: kit.Randomise, fast: bool
+) -> None:
+    cfg = ModelConfig(V=21, T=8, C=16, L=2, H=2, d_ff=12, dropout=0.0)
+    model = kit.model(cfg, device, torch.float32, randomise, 6, fast)
+    before = kit.state(model)
+
+    def fail(module: torch.nn.Module, args: tuple[Any, ...]) -> None:
+        raise RuntimeError("injected failure")
+
+    handle = model.blocks[1].register_forward_pre_hook(fail)
+    try:
+        with pytest.raises(RuntimeError, match="injected failure"):
+            padded_forward(model, kit.tokens(cfg, 2, 6, 1, device), kit.mask([2, 0], 6, device))
+    finally:
+        handle.remove()
+    kit.assert_same_state(model, before)
+
+
+# --- bad input ---------------------------------------------------------------------------------
+
+BAD_CFG = ModelConfig(V=11, T=8, C=8, L=2, H=2, d_ff=8, dropout=0.0)
+
+
+def _bad_calls(device: torch.device) -> dict[str, tuple[Any, Any, dict[str, Any], list[str]]]:
+    """name -> (ids, mask, keywords, strings the message must hold)."""
+    ids = kit.tokens(BAD_CFG, 2, 5, 0, device)  # (2, 5)
+    mask = kit.mask([2, 0], 5, device)  # (2, 5)
+    other = torch.device("meta") if device.type == "cpu" else torch.device("cpu")
+    right = mask.flip(-1)  # (2, 5): real tokens first, pads after
+    hole = mask.clone()
+    hole[1, 2] = False  # a pad between real tokens
+    return {
+        "mask-int64": (ids, mask.long(), {}, ["torch.bool", "torch.int64"]),
+        "mask-float": (ids, mask.float(), {}, ["torch.bool", "torch.float32"]),
+        "mask-uint8": (ids, mask.to(torch.uint8), {}, ["torch.bool", "torch.uint8"]),
+        "mask-list": (ids, mask.tolist(), {}, []),
+        "mask-shorter": (ids, mask[:, :4], {}, ["(2, 5)", "(2, 4)"]),
+        "mask-more-rows": (ids, kit.mask([2, 0, 1], 5, device), {}, ["(2, 5)", "(3, 5)"]),
+        "mask-1-d": (ids, mask[1], {}, ["(2, 5)", "(5,)"]),
+        "mask-other-device": (ids, mask.to(other), {}, [str(ids.device), str(other)]),
+        "mask-right-padded": (ids, right, {}, ["row 0"]),
+        "mask-hole": (ids, hole, {}, ["row 1"]),
+        "ids-int32": (ids.int(), mask, {}, []),
+        "ids-float": (ids.float(), mask, {}, []),
+        "ids-1-d": (ids[0], mask[0], {}, []),
+        "ids-empty": (ids[:, :0], mask[:, :0], {}, []),
+        "ids-other-device": (ids.to(other), mask.to(other), {}, []),
+        "pad-id-equal-V": (ids.masked_fill(~mask, BAD_CFG.V), mask, {}, []),
+        "real-id-negative": (ids.masked_fill(mask, -1), mask, {}, []),
+        "longer-than-T": (
+            kit.tokens(BAD_CFG, 2, BAD_CFG.T + 1, 0, device),
+            kit.mask([2, 0], BAD_CFG.T + 1, device),
+            {},
+            [],
+        ),
+        "trace-layer-L": (ids, mask, {"trace_layer": BAD_CFG.L}, []),
+        "trace-layer-negative": (ids, mask, {"trace_layer": -1}, []),
+        "trace-layer-bool": (ids, mask, {"trace_layer": True}, []),
+        "trace-layer-float": (ids, mask, {"trace_layer": 1.0}, []),
+    }
+
+
+@pytest.mark.invariant("padding.rejects_bad_input")
+@pytest.mark.invariant("padding.leaves_model")
+@pytest.mark.parametrize("case", sorted(_bad_calls(torch.device("cpu"))))
+def test_padded_forward_rejects_bad_input_before_any_work(
+    device: torch.device, randomise: kit.Randomise, case: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ids, mask, kwargs, needles = _bad_calls(device)[case]
+    model = kit.model(BAD_CFG, device, torch.float32, randomise, 0)
+    before = kit.state(model)
+    writes = kit.watch_attention_writes(monkeypatch)
+    forwards: list[str] = []
+    handles = [
+        module.register_forward_pre_hook(lambda m, a: forwards.append(type(m).__name__))
+        for module in (model.blocks[0], model.blocks[0].attn)
+    ]
+    try:
+        with pytest.raises(InputError) as caught:
+            padded_forward(model, ids, mask, **kwargs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert forwards == []
+    assert writes == []  # no module was switched, not even for a moment
+    message = str(caught.value)
+    for needle in needles:
+        assert needle in message, f"{needle!r} not named in {message!r}"
+    kit.assert_same_state(model, before)
+
+
+@pytest.mark.invariant("padding.rejects_bad_input")
+@pytest.mark.invariant("padding.leaves_model")
+@pytest.mark.parametrize("case", sorted(_bad_calls(torch.device("cpu"))))
+def test_no_hook_is_put_on_the_model_before_the_checks(
+    device: torch.device, randomise: kit.Randomise, case: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """2.1: a padded call reaches the attention through hooks; bad input gets none of them,
+    not even for a moment (the checks come first, not the model's own)."""
+    ids, mask, kwargs, _ = _bad_calls(device)[case]
+    model = kit.model(BAD_CFG, device, torch.float32, randomise, 0)
+    hooked: list[str] = []
+    real = torch.nn.Module.register_forward_pre_hook
+
+    def spy(module: torch.nn.Module, *args: Any, **kw: Any) -> Any:
+        hooked.append(type(module).__name__)
+        return real(module, *args, **kw)
+
+    monkeypatch.setattr(torch.nn.Module, "register_forward_pre_hook", spy)
+    with pytest.raises(InputError):
+        padded_forward(model, ids, mask, **kwargs)
+    assert hooked == []
+
+
+class _OtherAttention(CausalSelfAttention):
+    """An attention subclass with a forward of its own: the stage cannot know its math."""
+
+    def forward(self, x: torch.Tensor, **kwargs: Any) -> Any:  # type: ignore[override]
+        return super().forward(x, **kwargs)
+
+
+@pytest.mark.invariant("padding.rejects_bad_input")
+def test_padded_forward_rejects_models_it_cannot_switch(
+    device: torch.device, randomise: kit.Randomise
+) -> None:
+    model = kit.model(BAD_CFG, device, torch.float32, randomise, 0)
+    ids = kit.tokens(BAD_CFG, 2, 4, 1, device)  # (2, 4)
+    mask = kit.mask([1, 0], 4, device)
+    with pytest.raises(InputError):
+        padded_forward(model.blocks, ids, mask)  # type: ignore[arg-type]
+    model.blocks[1].attn.__class__ = _OtherAttention
+    before = kit.state(model)
+    with pytest.raises(InputError):
+        padded_forward(model, ids, mask)
+    kit.assert_same_state(model, before)
+    model.blocks[1].attn.__class__ = CausalSelfAttention
+    use_kv_cache(model, 2)  # switched for cached generation
+    before = kit.state(model)
+    with pytest.raises(InputError):
+        padded_forward(model, ids, mask)
+    kit.assert_same_state(model, before)
