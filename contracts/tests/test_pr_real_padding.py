@@ -16,7 +16,7 @@ PAD = "packages/padding/src/niels_gpt/model/_padding_frame/__init__.py"
 PADDING = "packages/padding/src/niels_gpt/model/padding/__init__.py"
 PAD_TEST = "packages/padding/tests/test_padding.py"
 PAD_KEY = '            "key_mask": cols[None, :] >= pads,  # (B, p + n), True = a real key\n'
-IMPORT = "from niels_gpt.model.attention import CausalSelfAttention, KVCache\n"
+IMPORT = "from niels_gpt.model.attention import CausalSelfAttention\n"
 HOOK = "        return args, {**kwargs, **frame.arguments(p, args[0].shape[1])}\n"
 # A user's script: the padded row's logits against the same row alone.
 PADDED = """
@@ -134,8 +134,8 @@ def test_attention_behind_multi_head_attention_is_recorded(real_repo: RealRepo) 
     saved = "    kernels = [(m, m.kernel) for m in modules]\n"
     real_repo.replace(PAD, "    handles = []\n", "    handles = []\n" + saved)
     real_repo.replace(
-        PAD, "        for m in set_up:\n", "        for m, kernel in kernels:\n"
-        "            m.kernel = kernel\n        for m in set_up:\n"
+        PAD, "            handle.remove()\n", "            handle.remove()\n"
+        "        for m, kernel in kernels:\n            m.kernel = kernel\n"
     )  # fmt: skip
     real_repo.pr("padding")
     probe = PADDED.replace("with torch.no_grad():", "from torch.profiler import profile\n"
