@@ -1,5 +1,6 @@
 """Acceptance tests of kv_cache's ``generate``: what it returns, the model and the
-caches it hands back, and the input it refuses.
+caches it hands back, the input it refuses, and 4.0's per-row generators and
+inference mode.
 
 ``test_generate.py`` holds the greedy, sampling, eos and trace tests; both load
 the stage's builders from ``_kit.py``.
