@@ -20,7 +20,7 @@ only on files the scenario repository copies verbatim from this checkout
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -84,15 +84,14 @@ def _call(
     fn: ast.FunctionDef | None, call: ast.Call, names: Mapping[str, str], module: Module
 ) -> str:
     """A helper's ``return`` value with its parameters bound to the call's arguments."""
-    body = (
-        [s for s in fn.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
-        if fn
-        else []
-    )
-    params = [a.arg for a in fn.args.args] if fn else []
+    if fn is None:
+        raise Unresolved(ast.unparse(call))
+    body = [
+        s for s in fn.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))
+    ]
+    params = [a.arg for a in fn.args.args]
     if (
-        fn is None
-        or len(body) != 1
+        len(body) != 1
         or not isinstance(body[0], ast.Return)
         or body[0].value is None
         or len(params) != len(call.args)
@@ -117,7 +116,7 @@ def _bindings(body: list[ast.stmt], names: dict[str, str]) -> None:
                     names.pop(target.id, None)
 
 
-def _replaces(fn: ast.FunctionDef) -> Iterator[ast.Call]:
+def _replaces(fn: ast.FunctionDef) -> list[ast.Call]:
     """``real_repo.replace(...)`` calls of ``fn``, in source order."""
     calls = [
         node
@@ -128,7 +127,7 @@ def _replaces(fn: ast.FunctionDef) -> Iterator[ast.Call]:
         and isinstance(node.func.value, ast.Name)
         and node.func.value.id == "real_repo"
     ]
-    yield from sorted(calls, key=lambda c: (c.lineno, c.col_offset))
+    return sorted(calls, key=lambda c: (c.lineno, c.col_offset))
 
 
 def _verbatim(path: str) -> bool:
@@ -150,14 +149,15 @@ def edits_not_found(source: str) -> tuple[list[str], int, int]:
     functions = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
     module = Module(constants, functions)
     missing, followed, calls = [], 0, 0
-    for fn in (n for n in tree.body if isinstance(n, ast.FunctionDef)):
+    for fn in functions.values():
         if not fn.name.startswith("test_"):
             continue
         names = dict(constants)
         _bindings(fn.body, names)
         files: dict[str, str] = {}
-        calls += len(list(_replaces(fn)))
-        for call in _replaces(fn):
+        replaces = _replaces(fn)
+        calls += len(replaces)
+        for call in replaces:
             try:
                 path, old, new = (_value(a, names, module) for a in call.args)
             except (Unresolved, ValueError):
