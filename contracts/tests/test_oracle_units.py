@@ -10,9 +10,11 @@ from __future__ import annotations
 import io
 import json
 import struct
+from typing import Any
 
 import numpy as np
 import pytest
+from safetensors.numpy import save as save_arrays
 
 from niels_gpt_contracts.sandbox.oracle_run import Stream, Unreadable, read_stream
 from niels_gpt_contracts.verdict import tolerance
@@ -78,34 +80,71 @@ def _frame(header: dict[str, object], *blobs: bytes) -> bytes:
     return struct.pack(">I", len(head)) + head + b"".join(blobs)
 
 
+def _call(arrays: dict[str, Any], dtypes: dict[str, str] | None = None, name: str = "c") -> bytes:
+    """Call ``name``'s frame: ``arrays`` as one safetensors blob, ``dtypes`` naming them."""
+    blob = save_arrays(arrays)
+    named = dtypes if dtypes is not None else {k: str(a.dtype) for k, a in arrays.items()}
+    return _frame({**CALL, "call": name, "tensors": {"dtypes": named, "nbytes": len(blob)}}, blob)
+
+
 CALL = {
     "kind": "call", "stage": "s", "call": "c", "desc": "d", "stages": 1, "reduction": 1,
     "rules": [], "relations": [], "compare": None, "error": None, "casts": [], "values": {},
-    "tensors": [{"key": "out", "dtype": "float64", "wire": "float64", "shape": [2],
-                 "nbytes": 16}],
 }  # fmt: skip
+OUT = {"out": np.array([1.5, -2.0])}
+GOOD = _call(OUT)
 
 
 def test_a_well_formed_stream_is_read() -> None:
-    data = np.array([1.5, -2.0]).tobytes()
+    widened = {"h": np.array([0.5], np.float32), "m": np.array([1, 0], np.uint8)}
+    frames = GOOD + _call(widened, {"h": "bfloat16", "m": "bool"}, name="d")
     stream = Stream("head")
-    assert read_stream(io.BytesIO(_frame(CALL, data) + _frame({"kind": "done"})), stream)
+    assert read_stream(io.BytesIO(frames + _frame({"kind": "done"})), stream)
     out = stream.calls[("s", "c")].outputs["out"]
     assert out.dtype == "float64" and out.data.tolist() == [1.5, -2.0]
+    wide = stream.calls[("s", "d")].outputs
+    assert (wide["h"].dtype, wide["m"].dtype, wide["m"].data.tolist()) == (
+        "bfloat16",
+        "bool",
+        [1, 0],
+    )
+
+
+def _blob_cut(frame: bytes, keep: int) -> bytes:
+    """``frame`` with its blob cut to ``keep`` bytes and the header saying so."""
+    head = json.loads(frame[4 : 4 + struct.unpack(">I", frame[:4])[0]])
+    head["tensors"]["nbytes"] = keep
+    return _frame(head, frame[-len(save_arrays(OUT)) :][:keep])
 
 
 @pytest.mark.parametrize(
     "broken",
     [
-        _frame({**CALL, "tensors": [{**CALL["tensors"][0], "nbytes": 15}]}, b"x" * 15),  # type: ignore[dict-item]
-        _frame({**CALL, "tensors": [{**CALL["tensors"][0], "dtype": "object"}]}, b"x" * 16),  # type: ignore[dict-item]
-        _frame(CALL, b"x" * 8),  # the stream ends inside a tensor
+        _blob_cut(GOOD, 15),  # a blob safetensors' parser refuses
+        _call(OUT, {"out": "object"}),  # a dtype the protocol does not know
+        _call(OUT, {"out": "float32"}),  # float64 values sent for a float32 tensor
+        _call(OUT, {"other": "float64"}),  # the blob holds other tensors than named
+        _call({"out": np.array([1, 2], np.uint16)}, {"out": "int16"}),  # a type not on the wire
+        _frame({**CALL, "tensors": [{"key": "out"}]}),  # the old per-tensor list
+        GOOD[:-8],  # the stream ends inside the blob
         _frame({"kind": "surprise"}),
         struct.pack(">I", 1 << 30),  # a header too large to believe
-        _frame(CALL, b"x" * 16) + _frame(CALL, b"x" * 16),  # one call answered twice
+        GOOD + GOOD,  # one call answered twice
         struct.pack(">I", 3) + b"{{{",
     ],
-    ids=["bytes", "dtype", "short", "kind", "huge", "twice", "json"],
+    ids=[
+        "blob",
+        "dtype",
+        "wire",
+        "keys",
+        "uint16",
+        "list",
+        "short",
+        "kind",
+        "huge",
+        "twice",
+        "json",
+    ],
 )
 def test_a_broken_stream_is_refused(broken: bytes) -> None:
     with pytest.raises(Unreadable):
@@ -113,4 +152,4 @@ def test_a_broken_stream_is_refused(broken: bytes) -> None:
 
 
 def test_a_stream_without_its_end_is_not_done() -> None:
-    assert read_stream(io.BytesIO(_frame(CALL, b"x" * 16)), Stream("head")) is False
+    assert read_stream(io.BytesIO(GOOD), Stream("head")) is False

@@ -103,19 +103,12 @@ def capture(frames: Any, encode: Callable[..., Any], stage: str, name: str, fn: 
         "computes_in": None,
         "error": None,
         "casts": [],
-        "values": {},
-        "tensors": [],
     }
-    blobs: list[bytes] = []
     try:
         values, tensors = _recipe(fn)
     except Uncapturable as err:
         header["error"], header["message"] = "Uncapturable", str(err)[:300]
-        frames.write(header, blobs)
-        return
+        values, tensors = {}, {}
     header["values"] = values
-    for key, t in tensors.items():
-        spec, blob = encode(t)
-        header["tensors"].append({"key": key, **spec})
-        blobs.append(blob)
-    frames.write(header, blobs)
+    header["tensors"], blob = encode(tensors)
+    frames.write(header, [blob])

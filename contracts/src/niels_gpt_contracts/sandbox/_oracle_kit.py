@@ -4,10 +4,11 @@ Imported only inside an oracle worker (``_oracle_worker.py``), never by the
 checker. A driver (``specs/<stage>/<stage>_oracle.py``, maintainer-owned) is a
 function ``calls(o: Oracle) -> None`` that builds the stage's objects through
 its public API, draws weights and inputs with ``o`` and hands every call to
-``o.call``. The kit runs the call, turns what it returned into frames (names,
-dtypes, shapes, raw bytes) and writes them to the worker's pipe; it decides
-nothing. The trusted checker compares the frames with the same calls on the
-base's code (or the spec's float64 reference).
+``o.call``. The kit runs the call, turns what it returned into frames (a
+JSON header, then the tensors as one safetensors blob) and writes them to
+the worker's pipe; it decides nothing. The trusted checker compares the
+frames with the same calls on the base's code (or the spec's float64
+reference).
 
 Draws are keyed by ``(seed, stage, tag)``: the head's and the base's workers
 draw the same numbers for the same tag whatever else either of them drew.
@@ -33,6 +34,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, BinaryIO
 
 import torch
+from safetensors.numpy import save as save_arrays
 
 WIDE = (torch.bfloat16, torch.float16)  # sent as float32 (exact): numpy has no bfloat16
 Ref = tuple[str, str, tuple[tuple[int, int, int], ...]]  # (call, output key, slices)
@@ -44,7 +46,11 @@ def _key(seed: int, *parts: str) -> int:
 
 
 class Frames:
-    """Length-prefixed frames on a binary pipe: a JSON header, then raw payloads."""
+    """Length-prefixed frames on a binary pipe: a JSON header, then the payloads.
+
+    A call's payload is one safetensors blob of its tensors (``encode``); the
+    header says how many bytes it has and each tensor's torch dtype.
+    """
 
     def __init__(self, out: BinaryIO) -> None:
         self.out = out
@@ -74,15 +80,24 @@ def _flatten(
         plain[prefix or "out"] = f"<{type(value).__name__}>"
 
 
-def _encode(t: torch.Tensor) -> tuple[dict[str, Any], bytes]:
-    t = t.detach().cpu()
-    dtype = str(t.dtype).removeprefix("torch.")
-    wire = t.float() if t.dtype in WIDE else t
-    if wire.dtype == torch.bool:
-        wire = wire.to(torch.uint8)
-    blob = wire.contiguous().numpy().tobytes()
-    wire_dtype = str(wire.dtype).removeprefix("torch.")
-    return {"dtype": dtype, "wire": wire_dtype, "shape": list(t.shape), "nbytes": len(blob)}, blob
+def encode(tensors: Mapping[str, torch.Tensor]) -> tuple[dict[str, Any], bytes]:
+    """``tensors`` as one safetensors blob, and the header entry that names them.
+
+    The entry is ``{"dtypes": {key: torch dtype name}, "nbytes": len(blob)}``.
+    bfloat16 and float16 travel as float32 (exact: numpy, which the checker
+    reads with, has no bfloat16) and bool as uint8; every other dtype as it is.
+    Arrays go through ``safetensors.numpy``, which, unlike its torch side,
+    accepts outputs that share storage (a tuple holding one tensor twice).
+    """
+    dtypes: dict[str, str] = {}
+    arrays: dict[str, Any] = {}
+    for key, tensor in tensors.items():
+        t = tensor.detach().cpu()
+        dtypes[key] = str(t.dtype).removeprefix("torch.")
+        wire = t.float() if t.dtype in WIDE else t.to(torch.uint8) if t.dtype == torch.bool else t
+        arrays[key] = wire.contiguous().numpy()
+    blob = save_arrays(arrays)
+    return {"dtypes": dtypes, "nbytes": len(blob)}, blob
 
 
 class Oracle:
@@ -223,7 +238,7 @@ class Oracle:
         self._index += 1
         self._name = name
         if self.capture is not None:
-            self.capture(self._frames, _encode, self.stage, name, fn)
+            self.capture(self._frames, encode, self.stage, name, fn)
         torch.default_generator.manual_seed(_key(self.seed, self.stage, "global", rng))
         header: dict[str, Any] = {
             "kind": "call",
@@ -255,13 +270,8 @@ class Oracle:
             header["after"] = self.after.end(name, probe, tensors)
         header["casts"] = casts
         header["values"] = plain
-        specs, blobs = [], []
-        for key, t in tensors.items():
-            spec, blob = _encode(t)
-            specs.append({"key": key, **spec})
-            blobs.append(blob)
-        header["tensors"] = specs
-        self._frames.write(header, blobs)
+        header["tensors"], blob = encode(tensors)
+        self._frames.write(header, [blob])
 
     def held(self, name: str, *objects: Any, desc: str) -> None:
         """Report the bytes of storage ``objects`` keep alive (modules, caches) as ``name``.

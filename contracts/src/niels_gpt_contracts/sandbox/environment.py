@@ -34,7 +34,7 @@ from niels_gpt_contracts.errors import ConfigError
 BOOTSTRAP_SITE = Path(__file__).with_name("_bootstrap_site.py")
 # What the verdict's runs need in the environment; versions come from the
 # base's constraints.txt.
-TOOLS = ("torch", "numpy", "pytest", "pytest-xdist", "hypothesis")
+TOOLS = ("torch", "numpy", "safetensors", "pytest", "pytest-xdist", "hypothesis")
 # How long a verdict waits for another one building the same environment.
 BUILD_WAIT_S = 1800.0
 PASSED_THROUGH = (

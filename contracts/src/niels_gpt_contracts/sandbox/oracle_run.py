@@ -9,9 +9,11 @@ installed wheels are, so a stage's ``__file__`` looks like a user's install.
 The request, with the secret seed, goes over stdin; answers come back as
 frames on a separate pipe.
 
-Frames are validated here (sizes, dtypes, shapes, byte counts) and turned
-into numpy arrays; anything malformed makes the whole stream unreadable
-(``Stream.problem``), which the caller judges fail-closed.
+Frames are validated here: headers (sizes, kinds, fields) by this module,
+a call's tensors by safetensors' parser (offsets, shapes, byte counts),
+then each array's dtype against the one the header names. Anything
+malformed makes the whole stream unreadable (``Stream.problem``), which the
+caller judges fail-closed.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import numpy as np
+from safetensors.numpy import load as load_arrays
 
 from niels_gpt_contracts.sandbox import confine, processes
 from niels_gpt_contracts.sandbox.environment import PASSED_THROUGH, Sandbox, Snapshot
@@ -37,8 +40,15 @@ from niels_gpt_contracts.sandbox.environment import PASSED_THROUGH, Sandbox, Sna
 WORKER = "_oracle_worker.py"
 MAX_HEADER = 1 << 25  # an ops frame lists the ops of every watched call
 MAX_TOTAL = 1 << 30  # bytes of tensors one worker may send
-WIRE = {"float64": 8, "float32": 4, "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1}
-DTYPES = frozenset({*WIRE, "bfloat16", "float16", "bool"})
+# A torch dtype's values on the wire, as the numpy dtype safetensors gives them back in
+# (``_oracle_kit.encode``: bfloat16 and float16 widened exactly, bool as bytes).
+WIRE = {
+    **{name: name for name in ("float64", "float32", "int64", "int32", "int16", "int8", "uint8")},
+    "bfloat16": "float32",
+    "float16": "float32",
+    "bool": "uint8",
+}
+DTYPES = frozenset(WIRE)
 KINDS = frozenset({"call", "held", "ops", "driver-error", "fatal", "done"})
 
 
@@ -131,27 +141,28 @@ def _str(value: Any, what: str) -> str:
     return value
 
 
-def _outputs(pipe: BinaryIO, specs: Any, budget: list[int]) -> dict[str, Output]:
-    if not isinstance(specs, list):
-        raise Unreadable("expected a list of tensors")
+def _outputs(pipe: BinaryIO, spec: Any, budget: list[int]) -> dict[str, Output]:
+    """Read a call's safetensors blob; its arrays, each as the dtype the header names."""
+    if not isinstance(spec, dict) or not isinstance(spec.get("dtypes"), dict):
+        raise Unreadable("expected the tensors' dtypes and byte count")
+    dtypes: dict[str, Any] = spec["dtypes"]
+    nbytes = _int(spec.get("nbytes"), "nbytes")
+    budget[0] -= nbytes
+    if budget[0] < 0:
+        raise Unreadable(f"more than {MAX_TOTAL} bytes of tensors")
+    blob = _read_exact(pipe, nbytes)
+    try:
+        arrays = load_arrays(blob)
+    except Exception as err:  # safetensors' own error, or numpy's for a dtype it lacks
+        raise Unreadable(f"tensors safetensors cannot read: {str(err)[:200]!r}") from None
+    if set(arrays) != set(dtypes):
+        raise Unreadable(f"the tensors {sorted(arrays)!r} where {sorted(dtypes)!r} were named")
     out: dict[str, Output] = {}
-    for spec in specs:
-        if not isinstance(spec, dict):
-            raise Unreadable("expected a tensor description")
-        key, dtype, wire = (_str(spec.get(k), k) for k in ("key", "dtype", "wire"))
-        shape = spec.get("shape")
-        if dtype not in DTYPES or wire not in WIRE or not isinstance(shape, list):
-            raise Unreadable(f"expected a known dtype and a shape, found {dtype!r}/{wire!r}")
-        dims = tuple(_int(d, "a dim") for d in shape)
-        count = int(np.prod(dims, dtype=np.int64)) if dims else 1
-        nbytes = _int(spec.get("nbytes"), "nbytes")
-        if nbytes != count * WIRE[wire]:
-            raise Unreadable(f"{key}: {nbytes} bytes for {count} {wire} values")
-        budget[0] -= nbytes
-        if budget[0] < 0:
-            raise Unreadable(f"more than {MAX_TOTAL} bytes of tensors")
-        blob = _read_exact(pipe, nbytes)
-        out[key] = Output(dtype, np.frombuffer(blob, dtype=np.dtype(wire)).reshape(dims))
+    for key, dtype in dtypes.items():
+        wire = WIRE.get(dtype) if isinstance(dtype, str) else None
+        if wire is None or arrays[key].dtype != np.dtype(wire):
+            raise Unreadable(f"{key!r}: {arrays[key].dtype} on the wire for a {dtype!r} tensor")
+        out[key] = Output(dtype, arrays[key])
     return out
 
 
