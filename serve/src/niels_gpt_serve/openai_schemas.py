@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from niels_gpt_serve.schemas import MAX_SEED, MAX_TEMPERATURE, check_temperature, parse_seed
+from niels_gpt_serve.schemas import MAX_SEED, MAX_TEMPERATURE, Sampled
 
 __all__ = ["CompletionRequest", "StreamOptions"]
 
@@ -23,7 +23,7 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class CompletionRequest(BaseModel):
+class CompletionRequest(Sampled):
     """``prompt`` continued ``n`` times, up to ``max_tokens`` bytes each."""
 
     model_config = ConfigDict(extra="forbid")
@@ -53,16 +53,6 @@ class CompletionRequest(BaseModel):
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     user: str | None = None
-
-    @field_validator("temperature")
-    @classmethod
-    def temperature_in_range(cls, value: float) -> float:
-        return check_temperature(value)
-
-    @field_validator("seed", mode="before")
-    @classmethod
-    def seed_from_text(cls, value: object) -> object:
-        return parse_seed(value)
 
     @field_validator("stop")
     @classmethod

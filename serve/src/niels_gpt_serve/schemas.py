@@ -32,23 +32,33 @@ MIN_TEMPERATURE = 1e-4
 _DECIMAL = re.compile(r"[0-9]{1,19}")
 
 
-def check_temperature(value: float) -> float:
-    """``value`` if it is 0 or in ``[MIN_TEMPERATURE, MAX_TEMPERATURE]``; else ValueError."""
-    if value != 0 and not MIN_TEMPERATURE <= value <= MAX_TEMPERATURE:
-        raise ValueError(
-            f"must be 0 (greedy) or in [{MIN_TEMPERATURE}, {MAX_TEMPERATURE}], got {value!r}"
-        )
-    return value
+class Sampled(BaseModel):
+    """What every sampling request checks the same way: its ``temperature`` and ``seed``.
 
+    A base for request models that declare both fields (the native and the
+    OpenAI-compatible one), so their rules and messages cannot drift apart.
+    """
 
-def parse_seed(value: object) -> object:
-    """A seed sent as an exact decimal string (``"6548027008821095176"``: JavaScript
-    cannot hold 64-bit integers in its numbers) as that int; anything else unchanged."""
-    if isinstance(value, str):
-        if not _DECIMAL.fullmatch(value):
-            raise ValueError(f"must be an integer in [0, {MAX_SEED}] or its decimal string")
-        return int(value)
-    return value
+    @field_validator("temperature", check_fields=False)
+    @classmethod
+    def temperature_in_range(cls, value: float) -> float:
+        """``value`` if it is 0 or in ``[MIN_TEMPERATURE, MAX_TEMPERATURE]``; else ValueError."""
+        if value != 0 and not MIN_TEMPERATURE <= value <= MAX_TEMPERATURE:
+            raise ValueError(
+                f"must be 0 (greedy) or in [{MIN_TEMPERATURE}, {MAX_TEMPERATURE}], got {value!r}"
+            )
+        return value
+
+    @field_validator("seed", mode="before", check_fields=False)
+    @classmethod
+    def seed_from_text(cls, value: object) -> object:
+        """A seed sent as an exact decimal string (``"6548027008821095176"``: JavaScript
+        cannot hold 64-bit integers in its numbers) as that int; anything else unchanged."""
+        if isinstance(value, str):
+            if not _DECIMAL.fullmatch(value):
+                raise ValueError(f"must be an integer in [0, {MAX_SEED}] or its decimal string")
+            return int(value)
+        return value
 
 
 MAX_PROMPT_CHARS = 16_384  # before the model's own limit, which is in tokens (bytes)
@@ -58,7 +68,7 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
-class GenerateRequest(_Strict):
+class GenerateRequest(Sampled, _Strict):
     """Generate up to ``max_new_tokens`` bytes after ``prompt``."""
 
     prompt: str = Field(
@@ -104,16 +114,6 @@ class GenerateRequest(_Strict):
         ge=0,
         description="Stop after this token id (a byte, < V) is generated; it is included.",
     )
-
-    @field_validator("temperature")
-    @classmethod
-    def temperature_in_range(cls, value: float) -> float:
-        return check_temperature(value)
-
-    @field_validator("seed", mode="before")
-    @classmethod
-    def seed_from_text(cls, value: object) -> object:
-        return parse_seed(value)
 
 
 class GenerateResponse(BaseModel):
