@@ -108,10 +108,12 @@ def typecheck(session: nox.Session) -> None:
     """mypy --strict over every package's sources, the checker, experiments, serve, the drivers.
 
     Packages are found, not listed (see PACKAGES); a stage's drivers in
-    specs/<stage>/ are checked once its package exists.
+    specs/<stage>/ are checked once its package exists, the spec kit
+    (specs/_kit/) whenever it is there.
     """
     sources = [str(p / "src") for p in PACKAGES]
     drivers = [str(ROOT / "specs" / p.name) for p in PACKAGES if (ROOT / "specs" / p.name).is_dir()]
+    drivers += [str(kit) for kit in [ROOT / "specs" / "_kit"] if kit.is_dir()]  # the spec kit
     env = dev_env(session)
     others = [str(CONTRACTS / "src"), str(ROOT / "experiments" / "src"), str(ROOT / "tests")]
     others += [str(SERVE / "src"), str(ROOT / ".ci" / "schedule.py")]

@@ -2,17 +2,20 @@
 
 ``tree(root)`` hashes, in a fixed order, the path and bytes of every file that
 decides a stage test run: ``packages/*/src/**``, ``packages/*/tests/**``, the
-acceptance tests ``specs/*/tests/**``, the root ``conftest.py`` and the root
-``pyproject.toml`` (pytest's settings). Caches (``__pycache__``, ``*.pyc``,
-dot-folders) are left out. The pytest plugin writes it into every report; the
-gate recomputes it, and a report from another tree is stale.
+acceptance tests ``specs/*/tests/**``, the spec kit they load (``specs/_kit``),
+the root ``conftest.py`` and the root ``pyproject.toml`` (pytest's settings).
+Caches (``__pycache__``, ``*.pyc``, dot-folders) are left out. The pytest
+plugin writes it into every report; the gate recomputes it, and a report
+from another tree is stale.
 
 The hash it returns (a ``Fingerprint``, a ``str``) also carries one **key per
 stage**: the stage's own files (``packages/<stage>/src``, ``tests``, its
-``pyproject.toml`` and ``specs/<stage>/tests``), the shared root files, and
-the own files of every stage it reaches through its package's dependencies
-(the packages' ``pyproject.toml``) and through the modules its tests import
-(kv_cache's tests run the fast path, which its package does not declare).
+``pyproject.toml`` and ``specs/<stage>/tests``), the shared root files, the
+spec kit where its acceptance tests load it, and the own files of every
+stage it reaches through its package's dependencies (the packages'
+``pyproject.toml``) and through the modules its tests (or the kit they load)
+import (kv_cache's tests run the fast path, which its package does not
+declare).
 An edit changes the key of its stage and of the stages that reach it, no
 other: a comment in a leaf stage leaves rope's tests fresh.
 ``owner(nodeid)`` names the stage a test belongs to.
@@ -31,8 +34,11 @@ import tomllib
 
 __all__ = ["Fingerprint", "owner", "stage_keys", "tree"]
 
-PATTERNS = ("packages/*/src", "packages/*/tests", "specs/*/tests")
+PATTERNS = ("packages/*/src", "packages/*/tests", "specs/*/tests", "specs/_kit")
 ROOT_FILES = ("conftest.py", "pyproject.toml")
+KIT = ("specs", "_kit")  # the spec kit (``checks.speckit``), part of the stages that name it
+KIT_NAME = b"speckit"
+KIT_KEY = "_kit"  # its files' bucket; no stage id starts with "_"
 
 
 class Fingerprint(str):
@@ -145,19 +151,26 @@ def _hash(root: Path) -> tuple[str, dict[str, str]]:
     shared = hashlib.sha256()
     modules: dict[str, str] = {}  # module name -> the stage whose src holds it
     imports: dict[str, set[str]] = {}  # stage -> modules its tests import
+    kit_imports: set[str] = set()  # modules the spec kit imports
+    kit_users: set[str] = set()  # stages whose acceptance tests load the kit
     for path in _files(root):
         rel = path.relative_to(root).parts
         data = path.read_bytes()
         name = path.relative_to(root).as_posix().encode("utf-8", "surrogateescape")
         stage = _stage_of_file(rel)
-        for sink in (digest, own.setdefault(stage or "", hashlib.sha256())):
+        bucket = KIT_KEY if rel[:2] == KIT else stage or ""
+        for sink in (digest, own.setdefault(bucket, hashlib.sha256())):
             sink.update(name + b"\0" + data + b"\0")
         if len(rel) == 1 and rel[0] in ROOT_FILES:
             shared.update(name + b"\0" + data + b"\0")
+        if rel[:2] == KIT and path.suffix == ".py":
+            kit_imports.update(_imported(data))
         if (module := _module_of(rel)) is not None and stage is not None:
             modules[module] = stage
         if stage is not None and "tests" in rel[2:3] and path.suffix == ".py":
             imports.setdefault(stage, set()).update(_imported(data))
+            if rel[0] == "specs" and KIT_NAME in data:
+                kit_users.add(stage)
     for path in sorted(root.glob("packages/*/pyproject.toml")):  # not in the tree hash
         own.setdefault(path.parent.name, hashlib.sha256()).update(
             b"pyproject\0" + path.read_bytes()
@@ -165,6 +178,9 @@ def _hash(root: Path) -> tuple[str, dict[str, str]]:
     # A stage's tests depend on the stages its package declares and on those
     # whose modules they import (kv_cache's tests run the fast path).
     edges = {stage: set(deps) for stage, deps in _dependencies(root).items()}
+    for stage in kit_users:  # on the spec kit they load, and on what it imports
+        imports[stage] |= kit_imports
+        edges.setdefault(stage, set()).add(KIT_KEY)
     for stage, names in imports.items():
         edges.setdefault(stage, set()).update(modules[n] for n in names if n in modules)
     stages = {p.name for p in root.glob("packages/*") if p.is_dir()}

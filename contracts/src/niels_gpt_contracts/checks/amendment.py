@@ -15,7 +15,8 @@ tests. The change is the worst level found:
 
 A major bump with a ``Spec-Break:`` trailer declares a break the data cannot
 show (a behaviour described in a comment). The range may touch nothing but
-the named stages' ``specs/<stage>.toml`` and ``specs/<stage>/``, plus
+the named stages' ``specs/<stage>.toml`` and ``specs/<stage>/``, the spec kit
+``specs/_kit/`` when it names every stage that loads it (``checks.speckit``), plus
 ``packages/<stage>/tests/`` of a declared break, and under their ``src/``
 only moves that change no code (a file renamed with its content unchanged,
 an empty ``py.typed`` marker added or removed): a contributor cannot pass
@@ -32,6 +33,7 @@ from pathlib import Path
 import tomllib
 from packaging.version import Version
 
+from niels_gpt_contracts.checks import speckit
 from niels_gpt_contracts.checks.coverage import check_coverage
 from niels_gpt_contracts.checks.evidence_diff import compare_file
 from niels_gpt_contracts.checks.loading import load_specs
@@ -61,7 +63,10 @@ def _version(text: str | None) -> Version:
 
 
 def _owner(path: str, specs: Mapping[str, Spec]) -> tuple[str | None, str]:
-    """``(stage, part)`` a path belongs to: ``spec``, ``evidence``, ``tests``, or no stage."""
+    """``(stage, part)`` a path belongs to: ``spec``, ``evidence``, ``tests``, the spec
+    kit (``kit``, every stage that loads it: ``_kit_path``), or no stage (``other``)."""
+    if speckit.in_kit(path):
+        return None, "kit"
     if path.startswith(f"{SPECS_DIR}/") and path.count("/") == 1 and path.endswith(".toml"):
         return path[len(SPECS_DIR) + 1 : -len(".toml")], "spec"
     if path.startswith(f"{SPECS_DIR}/") and path.count("/") >= 2:
@@ -178,7 +183,9 @@ def _paths(
         stage, part = _owner(path, j.specs)
         if path in moves:
             continue  # a named stage's module moved as it is, or an empty py.typed marker
-        if stage is not None and part != "other" and stage not in named:
+        if part == "kit":
+            loose += _kit_path(j, path, named, touched)
+        elif stage is not None and part != "other" and stage not in named:
             why = f"changes stage {stage!r}'s contract without a 'Spec: {stage}' trailer"
             loose.append(_v("amendment.trailer", path, why))
         elif part == "other" or (part == "tests" and stage not in declared):
@@ -188,6 +195,25 @@ def _paths(
         if j.after.is_symlink(path):
             loose.append(_v("amendment.path", path, "expected a regular file, found a link"))
     return loose, touched
+
+
+def _kit_path(
+    j: _Judge, path: str, named: set[str], touched: dict[str, list[str]]
+) -> list[Violation]:
+    """A kit file is evidence of each stage that loads the kit, before or after: each must
+    be named, and the file is compared as that stage's own (``checks.speckit``)."""
+    stages = set(j.specs) | named
+    loaders = speckit.users(j.before, stages) | speckit.users(j.after, stages)
+    for stage in sorted(loaders & named):
+        touched[stage].append(path)
+    return [
+        _v(
+            "amendment.trailer",
+            path,
+            f"changes the spec kit {stage!r} loads without a 'Spec: {stage}' trailer",
+        )
+        for stage in sorted(loaders - named)
+    ]
 
 
 def judge(repo_dir: Path, base_rev: str, head_rev: str | None) -> Result | None:

@@ -6,7 +6,8 @@ runtime drivers import the fast path, though neither package depends on it.
 So a stage ``X`` *uses* a stage ``S`` when any file of ``X`` imports a module
 ``S`` owns: its sources (``packages/X/src``), its package tests
 (``packages/X/tests``), and everything of its beside the spec
-(``specs/X/``: acceptance tests, oracle, runtime and reference drivers).
+(``specs/X/``: acceptance tests, oracle, runtime and reference drivers),
+and the spec kit's files when ``X``'s spec-side files load it (``speckit``).
 
 Imports are read with ``ast`` from the tree given (the base's, for a verdict):
 ``import a.b``, ``from a import b`` (``a.b`` when ``b`` is a module), at any
@@ -21,6 +22,7 @@ from __future__ import annotations
 import ast
 from collections.abc import Mapping
 
+from niels_gpt_contracts.checks import speckit
 from niels_gpt_contracts.gitdiff import Tree
 from niels_gpt_contracts.spec import Spec, import_name
 
@@ -61,4 +63,8 @@ def uses(specs: Mapping[str, Spec], tree: Tree) -> dict[str, set[str]]:
         stage = by_stage[path]
         used = {owner[n] for n in _names(text) if n in owner} - {stage}
         edges.setdefault(stage, set()).update(used)
+    kit = tree.read_many(speckit.kit_files(files))  # what the spec kit imports, its users use
+    reached = {owner[n] for text in kit.values() if text for n in _names(text) if n in owner}
+    for stage in speckit.users(tree, specs):
+        edges.setdefault(stage, set()).update(reached - {stage})
     return edges

@@ -15,6 +15,8 @@ from here.
 from __future__ import annotations
 
 from niels_gpt_contracts.spec.model import (
+    KIT_DIR,
+    KIT_NAME,
     META_PATTERNS,
     META_SPEC,
     RUNTIME_KINDS,
@@ -34,6 +36,8 @@ from niels_gpt_contracts.spec.parse import parse_spec, parse_specs
 from niels_gpt_contracts.spec.schema import load_schema
 
 __all__ = [
+    "KIT_DIR",
+    "KIT_NAME",
     "META_PATTERNS",
     "META_SPEC",
     "RUNTIME_KINDS",
