@@ -1,93 +1,35 @@
-"""The kv_cache stage's kit: model and token builders, the float64 filter, the reference loops.
+"""The kv_cache stage's kit: the reference loops its acceptance tests share.
 
-Its acceptance tests load it by path (``Path(__file__).with_name``): no test
-folder is on ``sys.path``. It lives in this stage's folder because that is
-what a verdict writes into its sandbox with the tests, and what the
-amendment check judges as kv_cache's evidence: an edit of it is an amendment
-of this stage, like an edit of the tests that use it.
+The config strategy, the model and token builders, the float64 filter and
+the attention-call recorder come from the maintainers' spec kit
+(``specs/_kit/speckit.py``), which padding's tests load too, and are bound
+here under the names the tests use. The tests load this file by path (``Path(__file__).with_name``):
+no test folder is on ``sys.path``. It lives in this stage's folder because
+that is what the amendment check judges as kv_cache's evidence, with the
+spec kit it names: an edit of either is an amendment of this stage.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
+import importlib.util
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from niels_gpt.config import ModelConfig
-from niels_gpt.model.fastpath import use_fast_attention
 from niels_gpt.model.gpt import GPT
 
-Tol = Callable[[torch.dtype], dict[str, float]]
-Randomise = Callable[[torch.nn.Module, int], None]
-NEG = float("-inf")
-
-
-def model(
-    cfg: ModelConfig,
-    device: torch.device,
-    dtype: torch.dtype,
-    randomise: Randomise,
-    seed: int = 0,
-    fast: bool = False,
-) -> GPT:
-    """A GPT with drawn weights, in ``dtype`` on ``device``, in eval mode; the fast path on."""
-    gpt = GPT(cfg)
-    randomise(gpt, seed)
-    gpt.to(device=device, dtype=dtype).eval()
-    return use_fast_attention(gpt) if fast else gpt  # type: ignore[return-value]
-
-
-def tokens(cfg: ModelConfig, B: int, t: int, seed: int, device: torch.device) -> torch.Tensor:
-    """(B, t) token ids below ``cfg.V``, drawn from ``seed``."""
-    gen = torch.Generator().manual_seed(seed)
-    return torch.randint(0, cfg.V, (B, t), generator=gen).to(device)  # (B, t)
-
-
-def reference_keep(
-    row: list[float], temperature: float, top_k: int | None, top_p: float | None
-) -> tuple[list[bool], list[float]]:
-    """Which entries of one row survive, and the top-p masses the decision used."""
-    V = len(row)
-    if temperature == 0:
-        first_max = max(range(V), key=lambda j: (row[j], -j))
-        return [j == first_max for j in range(V)], []
-    scaled = [x / temperature for x in row]
-    keep = [True] * V
-    if top_k is not None and top_k < V:
-        kth = sorted(scaled, reverse=True)[top_k - 1]
-        keep = [x >= kth for x in scaled]
-    masses: list[float] = []
-    if top_p is not None and top_p < 1.0:
-        top = max(x for x, k in zip(scaled, keep, strict=True) if k)
-        weights = [math.exp(x - top) if k else 0.0 for x, k in zip(scaled, keep, strict=True)]
-        total = sum(weights)
-        probs = [w / total for w in weights]
-        order = sorted(range(V), key=lambda j: (-probs[j], j))
-        before = 0.0
-        for j in order:
-            masses.append(before)
-            if before >= top_p:
-                keep[j] = False
-            before += probs[j]
-    return keep, masses
-
-
-def reference_filter(
-    logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None
-) -> torch.Tensor:
-    """``filter_logits`` from the definitions, on (B, V) logits, in their dtype."""
-    rows = logits.detach().to("cpu", torch.float64).tolist()
-    kept = [reference_keep(r, temperature, top_k, top_p)[0] for r in rows]
-    keep = torch.tensor(kept, dtype=torch.bool, device=logits.device)  # (B, V)
-    values = logits if temperature == 0 else logits / temperature  # (B, V)
-    return values.masked_fill(~keep, NEG)  # (B, V)
-
-
-def generator(device: torch.device, seed: int) -> torch.Generator:
-    """A generator on ``device`` seeded with ``seed``."""
-    return torch.Generator(device=device).manual_seed(seed)
+_SPEC = importlib.util.spec_from_file_location(  # the maintainers' spec kit, by path
+    "niels_speckit", Path(__file__).parents[2] / "_kit" / "speckit.py"
+)
+speckit = importlib.util.module_from_spec(_SPEC)  # type: ignore[arg-type]
+_SPEC.loader.exec_module(speckit)  # type: ignore[union-attr]
+# bound under the names the tests have always used
+Tol, Randomise, NEG = speckit.Tol, speckit.Randomise, speckit.NEG
+configs, model, tokens = speckit.configs, speckit.model, speckit.tokens
+generator = speckit.generator
+reference_keep, reference_filter = speckit.reference_keep, speckit.reference_filter
+watch_attention_calls = speckit.watch_attention_calls
 
 
 # --- references -------------------------------------------------------------
@@ -141,35 +83,3 @@ def sampling_loop(
                 out[:, t + i + 1 :] = eos
                 break
     return out
-
-
-def watch_attention_calls(
-    model: GPT,
-) -> tuple[list[list[tuple[int, Any, tuple[Any, ...]]]], list[Any]]:
-    """Per layer, for every attention call: the input length, the cache, its state."""
-    seen: list[list[tuple[int, Any, tuple[Any, ...]]]] = [[] for _ in model.blocks]
-    handles = []
-    for layer, block in enumerate(model.blocks):
-
-        def hook(
-            module: torch.nn.Module,
-            args: tuple[Any, ...],
-            kwargs: dict[str, Any],
-            layer: int = layer,
-        ) -> None:
-            x = args[0] if args else kwargs["x"]
-            cache = getattr(module, "kv_cache", None)
-            state: tuple[Any, ...] = ()
-            if cache is not None:
-                state = (
-                    cache.keys.data_ptr(),
-                    cache.values.data_ptr(),
-                    tuple(cache.keys.shape),
-                    tuple(cache.values.shape),
-                    cache.keys.dtype,
-                    len(cache),
-                )
-            seen[layer].append((x.shape[1], cache, state))
-
-        handles.append(block.attn.register_forward_pre_hook(hook, with_kwargs=True))
-    return seen, handles

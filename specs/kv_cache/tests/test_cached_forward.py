@@ -13,6 +13,7 @@ import importlib.util
 import itertools
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -41,19 +42,7 @@ def _split(total: int, cuts: list[int]) -> list[int]:
     return [b - a for a, b in itertools.pairwise(edges)]
 
 
-@st.composite
-def configs(draw: st.DrawFn) -> ModelConfig:
-    H = draw(st.integers(1, 3))
-    return ModelConfig(
-        V=draw(st.integers(2, 40)),
-        T=draw(st.integers(2, 20)),
-        C=H * 2 * draw(st.integers(1, 3)),
-        L=draw(st.integers(1, 3)),
-        H=H,
-        d_ff=draw(st.integers(1, 16)),
-        dropout=draw(st.sampled_from([0.0, 0.3])),  # eval mode: must not matter
-        rope_theta=draw(st.sampled_from([10000.0, 37.0, 1e6])),
-    )
+configs = partial(kit.configs, max_T=20)  # T in [2, 20]
 
 
 @pytest.mark.invariant("kv_cache.chunk_logits_match_full")

@@ -1,53 +1,39 @@
 """The padding stage's kit: the builders and references its acceptance tests share.
 
-Why this folder and not one kit for every stage: a verdict copies into its
-sandbox only ``specs/<stage>/`` of the stages it runs, and the amendment
-check charges each path under ``specs/`` to the stage it names. Here the kit
-is always written beside the tests that load it, and an edit of it is an
-amendment of padding, judged like an edit of those tests. The tests load it
+What kv_cache's tests need as well (the model and token builders, the
+float64 sampling filter, the attention-call recorder) comes from the
+maintainers' spec kit (``specs/_kit/speckit.py``) and is bound here under
+the names the tests use; what is padding's alone is written here. The
+amendment check judges this file, and the spec kit it names, as padding's
+evidence: an edit of either is an amendment of padding. The tests load it
 by path (pytest's importlib mode puts no test folder on ``sys.path``);
 pytest does not collect it.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Sequence
+import importlib.util
+from collections.abc import Sequence
+from functools import partial
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from hypothesis import strategies as st
 
-from niels_gpt.config import ModelConfig
-from niels_gpt.model.attention import CausalSelfAttention, KVCache
-from niels_gpt.model.fastpath import use_fast_attention
+from niels_gpt.model.attention import CausalSelfAttention
 from niels_gpt.model.gpt import GPT
 
-Tol = Callable[[torch.dtype], dict[str, float]]
-Randomise = Callable[[torch.nn.Module, int], None]
-NEG = float("-inf")
-
-
-def model(
-    cfg: ModelConfig,
-    device: torch.device,
-    dtype: torch.dtype,
-    randomise: Randomise,
-    seed: int = 0,
-    fast: bool = False,
-) -> GPT:
-    """A GPT with drawn weights, in ``dtype`` on ``device``, in eval mode; the fast path on."""
-    gpt = GPT(cfg)
-    randomise(gpt, seed)
-    gpt.to(device=device, dtype=dtype).eval()
-    return use_fast_attention(gpt) if fast else gpt  # type: ignore[return-value]
-
-
-def tokens(cfg: ModelConfig, B: int, t: int, seed: int, device: torch.device) -> torch.Tensor:
-    """(B, t) token ids below ``cfg.V``, drawn from ``seed``."""
-    gen = torch.Generator().manual_seed(seed)
-    return torch.randint(0, cfg.V, (B, t), generator=gen).to(device)  # (B, t)
+_SPEC = importlib.util.spec_from_file_location(  # the maintainers' spec kit, by path
+    "niels_speckit", Path(__file__).parents[2] / "_kit" / "speckit.py"
+)
+speckit = importlib.util.module_from_spec(_SPEC)  # type: ignore[arg-type]
+_SPEC.loader.exec_module(speckit)  # type: ignore[union-attr]
+# bound under the names the tests have always used
+Tol, Randomise, NEG = speckit.Tol, speckit.Randomise, speckit.NEG
+model, tokens, generator = speckit.model, speckit.tokens, speckit.generator
+reference_filter, watch_attention_calls = speckit.reference_filter, speckit.watch_attention_calls
 
 
 def mask(pads: list[int], t: int, device: torch.device) -> torch.Tensor:
@@ -99,26 +85,7 @@ def flatten(model: GPT, scale: float) -> GPT:
     return model
 
 
-def generator(device: torch.device, seed: int) -> torch.Generator:
-    """A generator on ``device`` seeded with ``seed``."""
-    return torch.Generator(device=device).manual_seed(seed)
-
-
-@st.composite
-def configs(draw: st.DrawFn, max_V: int = 40) -> ModelConfig:
-    """A small GPT config with every knob drawn (dropout is drawn too: eval mode must
-    make it irrelevant); ``max_V`` bounds the vocabulary."""
-    H = draw(st.integers(1, 3))
-    return ModelConfig(
-        V=draw(st.integers(2, max_V)),
-        T=draw(st.integers(2, 14)),
-        C=H * 2 * draw(st.integers(1, 3)),
-        L=draw(st.integers(1, 3)),
-        H=H,
-        d_ff=draw(st.integers(1, 16)),
-        dropout=draw(st.sampled_from([0.0, 0.3])),  # eval mode: must not matter
-        rope_theta=draw(st.sampled_from([10000.0, 37.0, 1e6])),
-    )
+configs = partial(speckit.configs, max_T=14)  # padding's contexts: T in [2, 14]
 
 
 @st.composite
@@ -161,31 +128,6 @@ def with_eos(tokens: list[int], eos: int | None, new: int) -> list[int]:
     return tokens[: first + 1] + [eos] * (new - first - 1)
 
 
-def reference_filter(
-    logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None
-) -> torch.Tensor:
-    """kv_cache's filter on (B, V) logits from its definitions, row by row in float64 Python."""
-    keep_rows = []
-    for row in logits.detach().to("cpu", torch.float64).tolist():
-        V = len(row)
-        scaled = [x / temperature for x in row]
-        keep = [True] * V
-        if top_k is not None and top_k < V:
-            kth = sorted(scaled, reverse=True)[top_k - 1]
-            keep = [x >= kth for x in scaled]
-        if top_p is not None and top_p < 1.0:
-            top = max(x for x, k in zip(scaled, keep, strict=True) if k)
-            w = [math.exp(x - top) if k else 0.0 for x, k in zip(scaled, keep, strict=True)]
-            before = 0.0
-            for j in sorted(range(V), key=lambda j: (-w[j], j)):
-                if before >= top_p:
-                    keep[j] = False
-                before += w[j] / sum(w)
-        keep_rows.append(keep)
-    keep_t = torch.tensor(keep_rows, dtype=torch.bool, device=logits.device)  # (B, V)
-    return (logits / temperature).masked_fill(~keep_t, NEG)  # (B, V)
-
-
 def sampling_alone(
     model: GPT,
     prompt: torch.Tensor,
@@ -222,35 +164,3 @@ def sampling_alone(
                 out[:, t + i + 1 :] = eos
                 break
     return out
-
-
-def watch_attention_calls(
-    model: GPT,
-) -> tuple[list[list[tuple[int, Any, tuple[Any, ...]]]], list[Any]]:
-    """Per layer, for every attention call: the input length, the cache, its state."""
-    seen: list[list[tuple[int, Any, tuple[Any, ...]]]] = [[] for _ in model.blocks]
-    handles = []
-    for layer, block in enumerate(model.blocks):
-
-        def hook(
-            module: torch.nn.Module,
-            args: tuple[Any, ...],
-            kwargs: dict[str, Any],
-            layer: int = layer,
-        ) -> None:
-            x = args[0] if args else kwargs["x"]
-            cache = getattr(module, "kv_cache", None)
-            state: tuple[Any, ...] = ()
-            if isinstance(cache, KVCache):
-                state = (
-                    cache.keys.data_ptr(),
-                    cache.values.data_ptr(),
-                    tuple(cache.keys.shape),
-                    tuple(cache.values.shape),
-                    cache.keys.dtype,
-                    len(cache),
-                )
-            seen[layer].append((x.shape[1], cache, state))
-
-        handles.append(block.attn.register_forward_pre_hook(hook, with_kwargs=True))
-    return seen, handles
