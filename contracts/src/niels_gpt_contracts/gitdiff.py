@@ -34,10 +34,6 @@ def _decode(raw: bytes) -> str:
     return raw.decode("utf-8", "surrogateescape")
 
 
-def _encode(path: str) -> bytes:
-    return path.encode("utf-8", "surrogateescape")
-
-
 @dataclass(frozen=True)
 class Change:
     """One entry of a diff.

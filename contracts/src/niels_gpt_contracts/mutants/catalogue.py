@@ -15,7 +15,6 @@ rope.py`` for ``packages/rope/src/niels_gpt/model/rope.py``); put first on
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,18 +54,6 @@ class Mutant:
     @property
     def module(self) -> str:
         return import_name(self.module_path)
-
-    def definition(self) -> str:
-        """A stable text of everything that defines the mutant (for the cache key)."""
-        fields = {
-            "stage": self.stage,
-            "id": self.id,
-            "file": self.file,
-            "find": self.find,
-            "replace": self.replace,
-            "occurrence": self.occurrence,
-        }
-        return json.dumps(fields, sort_keys=True)
 
 
 @dataclass(frozen=True)
