@@ -28,6 +28,7 @@ decided outside the gate (review of ``specs/``); the gate judges what.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import cached_property
 from pathlib import Path
 
 import tomllib
@@ -97,6 +98,12 @@ class _Judge:
         self.specs = load_specs(self.before)
         self.schema = load_schema(self.before.read(SCHEMA_PATH))
         self.named = named
+
+    @cached_property
+    def kit_loaders(self) -> set[str]:
+        """The stages that load the spec kit in the base or the head (``checks.speckit``)."""
+        stages = set(self.specs) | self.named
+        return speckit.users(self.before, stages) | speckit.users(self.after, stages)
 
     def stage(self, stage: str, paths: list[str], declared: bool) -> list[Outcome]:
         path = f"{SPECS_DIR}/{stage}.toml"
@@ -184,7 +191,7 @@ def _paths(
         if path in moves:
             continue  # a named stage's module moved as it is, or an empty py.typed marker
         if part == "kit":
-            loose += _kit_path(j, path, named, touched)
+            loose += _kit_path(j, path, touched)
         elif stage is not None and part != "other" and stage not in named:
             why = f"changes stage {stage!r}'s contract without a 'Spec: {stage}' trailer"
             loose.append(_v("amendment.trailer", path, why))
@@ -197,14 +204,10 @@ def _paths(
     return loose, touched
 
 
-def _kit_path(
-    j: _Judge, path: str, named: set[str], touched: dict[str, list[str]]
-) -> list[Violation]:
+def _kit_path(j: _Judge, path: str, touched: dict[str, list[str]]) -> list[Violation]:
     """A kit file is evidence of each stage that loads the kit, before or after: each must
     be named, and the file is compared as that stage's own (``checks.speckit``)."""
-    stages = set(j.specs) | named
-    loaders = speckit.users(j.before, stages) | speckit.users(j.after, stages)
-    for stage in sorted(loaders & named):
+    for stage in sorted(j.kit_loaders & j.named):
         touched[stage].append(path)
     return [
         _v(
@@ -212,7 +215,7 @@ def _kit_path(
             path,
             f"changes the spec kit {stage!r} loads without a 'Spec: {stage}' trailer",
         )
-        for stage in sorted(loaders - named)
+        for stage in sorted(j.kit_loaders - j.named)
     ]
 
 

@@ -57,7 +57,8 @@ def uses(specs: Mapping[str, Spec], tree: Tree) -> dict[str, set[str]]:
     files = [f for f in tree.files() if f.endswith(".py")]
     by_stage = {f: stage for f in files if (stage := _stage_of(f, specs)) is not None}
     edges: dict[str, set[str]] = {}
-    for path, text in tree.read_many(by_stage).items():
+    texts = tree.read_many(by_stage)
+    for path, text in texts.items():
         if text is None:
             continue
         stage = by_stage[path]
@@ -65,6 +66,6 @@ def uses(specs: Mapping[str, Spec], tree: Tree) -> dict[str, set[str]]:
         edges.setdefault(stage, set()).update(used)
     kit = tree.read_many(speckit.kit_files(files))  # what the spec kit imports, its users use
     reached = {owner[n] for text in kit.values() if text for n in _names(text) if n in owner}
-    for stage in speckit.users(tree, specs):
+    for stage in speckit.users_in(texts, specs):  # the spec-side files are among those read
         edges.setdefault(stage, set()).update(reached - {stage})
     return edges

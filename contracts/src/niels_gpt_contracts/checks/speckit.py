@@ -21,7 +21,7 @@ load plainly, and these files are maintainer-owned, never a stage PR's.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from niels_gpt_contracts.gitdiff import Tree
 from niels_gpt_contracts.spec import KIT_DIR, KIT_NAME, SPECS_DIR
@@ -39,11 +39,16 @@ def kit_files(files: Iterable[str]) -> list[str]:
 
 def users(tree: Tree, stages: Iterable[str]) -> set[str]:
     """The stages among ``stages`` whose spec-side Python files in ``tree`` name the kit."""
+    spec_side = [f for f in tree.files() if f.startswith(f"{SPECS_DIR}/") and f.endswith(".py")]
+    return users_in(tree.read_many(spec_side), stages)
+
+
+def users_in(texts: Mapping[str, str | None], stages: Iterable[str]) -> set[str]:
+    """``users`` from texts already read (path -> text); paths off the spec side are ignored."""
     owned = {f"{SPECS_DIR}/{stage}/": stage for stage in stages}
-    found: dict[str, str] = {}
-    for path in tree.files():
-        head = "/".join(path.split("/", 2)[:2]) + "/"
-        if head in owned and path.endswith(".py"):
-            found[path] = owned[head]
-    texts = tree.read_many(list(found))
-    return {found[p] for p, text in texts.items() if text is not None and KIT_NAME in text}
+    found: set[str] = set()
+    for path, text in texts.items():
+        stage = owned.get("/".join(path.split("/", 2)[:2]) + "/")
+        if stage is not None and path.endswith(".py") and text is not None and KIT_NAME in text:
+            found.add(stage)
+    return found
