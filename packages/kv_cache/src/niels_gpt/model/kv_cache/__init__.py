@@ -9,7 +9,8 @@ then the cached step. No module changes class, no attention maths is here.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import cast
 
@@ -152,16 +153,53 @@ def _restore(saved: _Saved) -> None:
             module.kv_cache = cache
 
 
-def _step(
-    model: GPT, x: torch.Tensor, trace_layer: int | None, traces: list[torch.Tensor]
-) -> torch.Tensor:
-    """One cached forward of ``x`` ``(B, n)``; the ``(B, V)`` logits of its last position."""
+def _forward(
+    model: GPT, x: torch.Tensor, trace_layer: int | None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One cached forward of ``x`` ``(B, n)``: the ``(B, V)`` logits of its last position,
+    and the ``(B, H, p+n)`` ``attn_row`` of ``trace_layer`` (None without one)."""
     if trace_layer is None:
         logits: torch.Tensor = model(x)  # (B, n, V)
-    else:
-        logits, trace = model.forward_with_attn_trace(x, trace_layer)  # (B, n, V), trace
-        traces.append(trace["attn_row"].contiguous())  # (B, H, p+n), not a view of the prefill's
-    return logits[:, -1]  # (B, V)
+        return logits[:, -1], None  # (B, V)
+    logits, trace = model.forward_with_attn_trace(x, trace_layer)  # (B, n, V), trace
+    return logits[:, -1], trace["attn_row"]  # (B, V), (B, H, p+n)
+
+
+_Forward = Callable[[GPT, torch.Tensor, "int | None"], "tuple[torch.Tensor, torch.Tensor | None]"]
+
+
+@functools.cache
+def _compiled_forward(backend: str) -> _Forward:
+    """``_forward`` through ``torch.compile(fullgraph=True)`` with ``backend``, made once
+    per backend and process.
+
+    One wrapper for every model: dynamo keeps its graphs on ``_forward``'s code
+    and guards them on what they read (shapes, dtypes, the trace layer), so a
+    later ``generate`` on a model of the same shape reuses them, and the
+    growing cache length becomes a dynamic size after the first recompile
+    instead of one graph per position.
+    """
+    return cast(_Forward, torch.compile(_forward, fullgraph=True, backend=backend))
+
+
+def _compile_backend(value: object) -> str | None:
+    """The ``torch.compile`` backend ``compile_step`` names: None for False (eager steps),
+    ``"inductor"`` (torch.compile's default) for True, else a registered backend's name.
+
+    Raises:
+        InputError: not a bool or a backend dynamo knows (the message lists them).
+    """
+    if isinstance(value, bool):
+        return "inductor" if value else None
+    if isinstance(value, str):
+        known = torch.compiler.list_backends(exclude_tags=())  # debug ones too: aot_eager
+        if value in known:
+            return value
+        raise InputError(
+            f"compile_step must be a bool or a torch.compile backend ({', '.join(known)}), "
+            f"got {value!r}"
+        )
+    raise InputError(f"compile_step must be a bool or a backend name, got {value!r}")
 
 
 def _decode(
@@ -172,15 +210,23 @@ def _decode(
     eos_id: int | None,
     generator: torch.Generator | Sequence[torch.Generator] | None,
     trace_layer: int | None,
+    step: _Forward,
 ) -> list[torch.Tensor]:
-    """Fill ``ids[:, t:]`` of ``(B, t + new)`` ids on a model with caches; return the traces."""
+    """Fill ``ids[:, t:]`` of ``(B, t + new)`` ids on a model with caches; return the traces.
+
+    The prefill runs ``_forward`` itself; every single-token step runs ``step``.
+    """
     choose = partial(choose_next, temperature=knobs[0], top_k=knobs[1], top_p=knobs[2])
     traces: list[torch.Tensor] = []
     finished = torch.zeros_like(ids[:, 0], dtype=torch.bool)  # (B,)
     draws = torch.empty_like(ids[:, 0])  # (B,): per-row draws land here
     x = ids[:, :t]  # (B, t): step 0 is the prefill
+    forward: _Forward = _forward  # the prefill's, eager: its length is the prompt's
     for col in range(t, ids.shape[1]):
-        logits = _step(model, x, trace_layer, traces)  # (B, V)
+        logits, trace = forward(model, x, trace_layer)  # (B, V), (B, H, col) or None
+        if trace is not None:
+            traces.append(trace.contiguous())  # (B, H, col), not a view of the prefill's
+        forward = step
         token = choose(logits, generator=generator, draws=draws)  # (B,), finished rows drawn too
         if eos_id is not None:
             token = token.masked_fill(finished, eos_id)  # (B,), finished rows repeat eos
@@ -204,6 +250,7 @@ def generate(
     eos_id: int | None = None,
     generator: torch.Generator | Sequence[torch.Generator] | None = None,
     trace_layer: int | None = None,
+    compile_step: bool | str = False,
 ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
     """Continue ``prompt_ids`` by ``max_new_tokens`` tokens through per-layer KV caches.
 
@@ -228,6 +275,14 @@ def generate(
             Prompt tokens do not count.
         trace_layer: also return, per step ``i``, the ``(B, H, t + i)``
             ``attn_row`` of that layer, as ``forward_with_attn_trace`` gives it.
+        compile_step: True runs every single-token step (not the prefill)
+            through ``torch.compile(fullgraph=True)`` (inductor, which needs
+            a C++ compiler on a CPU); a string names another backend
+            (``"aot_eager"``: no toolchain). The same ids and traces up to the
+            dtype's rounding, faster once compiled (the first call compiles,
+            for tens of seconds on a CPU). A compile error is raised, never
+            hidden by eager steps; so is dynamo's recompile limit, which a
+            process reaches after about 8 model shapes.
 
     Returns:
         ``ids`` ``(B, t + max_new_tokens)`` int64 beginning with the prompt, or
@@ -238,6 +293,8 @@ def generate(
     """
     knobs = (temperature, top_k, top_p)
     check_generate_args(model, prompt_ids, max_new_tokens, knobs, eos_id, generator, trace_layer)
+    backend = _compile_backend(compile_step)
+    step = _forward if backend is None else _compiled_forward(backend)
     B, t = prompt_ids.shape
     ids = prompt_ids.new_empty(B, t + max_new_tokens)  # (B, t + new), filled as chosen
     ids[:, :t] = prompt_ids
@@ -247,7 +304,7 @@ def generate(
         try:
             with torch.inference_mode():  # ids is written in place, an ordinary tensor
                 use_kv_cache(model, B, max_len=t + max_new_tokens)
-                traces = _decode(model, ids, t, knobs, eos_id, generator, trace_layer)
+                traces = _decode(model, ids, t, knobs, eos_id, generator, trace_layer, step)
         finally:
             _restore(saved)
         traces = [trace.clone() for trace in traces]  # ordinary tensors, out of inference mode
