@@ -3,7 +3,9 @@
     python -m benchmarks.int8_quality --run runs/q --data-dir DATA [--rows 64] [--new 448]
 
 Loads a ``niels-train`` run (float32), copies it and quantizes the copy with
-``quantize_int8``, then prints for both:
+``quantize_int8``, and a bfloat16 copy the same way (int8 weights, bfloat16
+activations and cache: what ``benchmarks.decode`` times compiled as
+``int8 bf16, fast, compiled``), then prints for each against float32:
 
 - the mean next-token loss over ``--rows`` fixed validation windows of the
   run's context (``niels_gpt_experiments.batches.eval_offsets``, the windows
@@ -40,7 +42,7 @@ def _loss(model: GPT, x: torch.Tensor, y: torch.Tensor, micro: int = 8) -> float
     total, count = 0.0, 0
     with torch.no_grad():
         for xs, ys in zip(torch.split(x, micro), torch.split(y, micro), strict=True):
-            logits = model(xs)  # (b, T, V)
+            logits = model(xs).float()  # (b, T, V): a bfloat16 model's summed in float32
             V = logits.shape[-1]
             total += float(F.cross_entropy(logits.reshape(-1, V), ys.reshape(-1), reduction="sum"))
             count += ys.numel()
@@ -60,31 +62,47 @@ def main(argv: list[str] | None = None) -> int:
     loaded = load_run(args.run, device="cpu")
     dense = cast(GPT, loaded.model).eval()
     int8 = cast(GPT, quantize_int8(copy.deepcopy(dense)))
+    int8_bf16 = cast(GPT, quantize_int8(copy.deepcopy(dense).bfloat16()))
     T = loaded.config.T
     if args.prompt + args.new > T:
         parser.error(f"prompt + new ({args.prompt + args.new}) must fit the run's T={T}")
     val = open_corpus(CorpusSpec(), args.data_dir).val
     x, y = read_rows(val, eval_offsets(args.rows, len(val), T), T, torch.device("cpu"))
-    f32_loss, int8_loss = _loss(dense, x, y), _loss(int8, x, y)
+    losses = {"float32": _loss(dense, x, y), "int8": _loss(int8, x, y)}
+    losses["int8 bf16"] = _loss(int8_bf16, x, y)
     prompts = x[: min(4, args.rows), : args.prompt]  # (b, prompt)
-    a = cast(torch.Tensor, generate(dense, prompts, args.new, temperature=0))[:, args.prompt :]
-    b = cast(torch.Tensor, generate(int8, prompts, args.new, temperature=0))[:, args.prompt :]
-    same = (a == b).sum(dim=1).tolist()  # per prompt
-    lead = (a == b).int().cumprod(dim=1).sum(dim=1).tolist()  # tokens before the first difference
+    greedy = {
+        name: cast(torch.Tensor, generate(m, prompts, args.new, temperature=0))[:, args.prompt :]
+        for name, m in (("float32", dense), ("int8", int8), ("int8 bf16", int8_bf16))
+    }  # each (b, new)
     cfg = loaded.config
     print(
         f"run {args.run} (step {loaded.step}): V={cfg.V} T={cfg.T} C={cfg.C} L={cfg.L} "
         f"H={cfg.H} d_ff={cfg.d_ff}"
     )
     print(f"validation loss over {args.rows} windows of {T} tokens:")
+    f32_loss = losses["float32"]
     print(
-        f"  float32 {f32_loss:.4f}   int8 {int8_loss:.4f}   int8/float32 {int8_loss / f32_loss:.4f}"
+        f"  float32 {f32_loss:.4f}   "
+        + "   ".join(
+            f"{n} {v:.4f} ({v / f32_loss:.4f}x)" for n, v in losses.items() if n != "float32"
+        )
     )
-    print(f"greedy, {len(same)} validation prompts of {args.prompt} bytes, {args.new} new tokens:")
-    for i, (s, lead_i) in enumerate(zip(same, lead, strict=True)):
-        print(f"  prompt {i}: {s}/{args.new} tokens equal, {lead_i} before the first difference")
-    total = sum(same)
-    print(f"  all: {total}/{args.new * len(same)} = {total / (args.new * len(same)):.1%}")
+    a = greedy["float32"]
+    for name in ("int8", "int8 bf16"):
+        b = greedy[name]
+        same = (a == b).sum(dim=1).tolist()  # per prompt
+        lead = (a == b).int().cumprod(dim=1).sum(dim=1).tolist()  # before the first difference
+        print(
+            f"greedy {name} against float32, {len(same)} validation prompts of "
+            f"{args.prompt} bytes, {args.new} new tokens:"
+        )
+        for i, (s_i, lead_i) in enumerate(zip(same, lead, strict=True)):
+            print(
+                f"  prompt {i}: {s_i}/{args.new} tokens equal, {lead_i} before the first difference"
+            )
+        total = sum(same)
+        print(f"  all: {total}/{args.new * len(same)} = {total / (args.new * len(same)):.1%}")
     print(f"load average {os.getloadavg()}")
     return 0
 
