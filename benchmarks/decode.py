@@ -165,8 +165,6 @@ def _bench(device: torch.device, quick: bool, compile: bool) -> dict[str, Any]:
 
     fast = use_fast_attention(copy.deepcopy(plain))  # the same weights, SDPA as the kernel
     int8 = cast(GPT, quantize_int8(copy.deepcopy(plain)))  # the same weights, int8 linears
-    # gpt-fast's setting: int8 weights, bfloat16 activations and cache, the fast path
-    int8_bf16 = cast(GPT, quantize_int8(use_fast_attention(copy.deepcopy(plain).bfloat16())))
     # padding.generate on the same 64 columns, the first a pad: the padded path's cost
     pad_mask = torch.ones_like(prompt, dtype=torch.bool)  # (1, t)
     pad_mask[:, 0] = False
@@ -180,6 +178,8 @@ def _bench(device: torch.device, quick: bool, compile: bool) -> dict[str, Any]:
         "kv_cache steps, eager": step_loop(model, model, caches, prompt, new),
         "kv_cache.generate, int8": lambda: _greedy(int8, prompt, new),
     }
+    # (model, cache itemsize) a run reads: a bfloat16 model's cache holds 2-byte keys and values
+    reads: dict[str, tuple[GPT, int]] = {"kv_cache.generate, int8": (int8, 4)}
     graphs: Callable[[], int] = lambda: 0  # noqa: E731
     compiled: Step | None = None
     if compile:
@@ -188,6 +188,10 @@ def _bench(device: torch.device, quick: bool, compile: bool) -> dict[str, Any]:
         if compiled is not None:
             runs["kv_cache steps, compiled"] = step_loop(compiled, model, caches, prompt, new)
         runs[FAST_COMPILED] = lambda: _greedy(cast(GPT, fast), prompt, new, compiled=True)
+        # gpt-fast's setting: int8 weights, bfloat16 activations and cache, the fast path
+        bf16 = use_fast_attention(copy.deepcopy(plain).bfloat16())
+        int8_bf16 = cast(GPT, quantize_int8(bf16))
+        reads[INT8_COMPILED] = (int8_bf16, 2)
         runs[INT8_COMPILED] = lambda: _greedy(int8_bf16, prompt, new, compiled=True)
     runs["SDPA static cache"] = lambda: sdpa.greedy(prompt, new)
     runs["no-cache recompute"] = lambda: recompute_loop(plain, prompt, new)
@@ -218,8 +222,6 @@ def _bench(device: torch.device, quick: bool, compile: bool) -> dict[str, Any]:
     }
     note("the machine's read bandwidth (sum and copy_ of 128 MiB), the floor of every decoder")
     bounded = [n for n in stats if n != "no-cache recompute"]  # the compute-bound one aside
-    # (model, cache itemsize) a run reads: a bfloat16 model's cache holds 2-byte keys and values
-    reads = {"kv_cache.generate, int8": (int8, 4), INT8_COMPILED: (int8_bf16, 2)}
     per = {}
     for n in bounded:
         read, itemsize = reads.get(n, (plain, 4))
