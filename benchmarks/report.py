@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from benchmarks import decode, rope_autocast
+from benchmarks import decode, decode_targets, rope_autocast
 from benchmarks import experiments as downstream
 from benchmarks.where import load_line
 
@@ -285,7 +285,7 @@ def targets(res: dict[str, Any]) -> list[tuple[str, bool, str]]:
             )
         )
     if "decode" in res:
-        out.extend(decode.targets(res["decode"]))
+        out.extend(decode_targets.targets(res["decode"]))
     return out
 
 

@@ -77,3 +77,33 @@ def measure(
             sync(device)
             samples[name].append((time.perf_counter() - t0) / number[name])
     return {name: Stat(statistics.median(s), s) for name, s in samples.items()}
+
+
+def paired_ratios(
+    first: Callable[[], object],
+    second: Callable[[], object],
+    device: torch.device,
+    *,
+    pairs: int,
+) -> list[float]:
+    """``second``'s seconds over ``first``'s, one ratio per pair of calls run back to back.
+
+    A slow spell of a shared machine that lasts longer than one pair slows both
+    calls of that pair alike, so the ratio of a pair moves far less than either
+    time does across pairs. The order within a pair alternates, so neither
+    candidate always runs on the caches the other left warm. No warm-up here:
+    the caller has run both before.
+    """
+    if pairs < 1:
+        raise ValueError(f"pairs must be >= 1, got {pairs}")
+    ratios: list[float] = []
+    for i in range(pairs):
+        seconds: dict[int, float] = {}
+        for which in (0, 1) if i % 2 == 0 else (1, 0):
+            sync(device)
+            t0 = time.perf_counter()
+            (first, second)[which]()
+            sync(device)
+            seconds[which] = time.perf_counter() - t0
+        ratios.append(seconds[1] / seconds[0])
+    return ratios
