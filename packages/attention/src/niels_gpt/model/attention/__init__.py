@@ -44,11 +44,11 @@ import torch
 from torch import nn
 
 import niels_gpt.model.rope as rope
-from niels_gpt.checks import check_features, check_length, check_like
+from niels_gpt.checks import InputError, check_features, check_length, check_like
 from niels_gpt.config import ModelConfig
 from niels_gpt.model._attention_call import KVCache, check_call, rotate_at, rotate_rows
 
-__all__ = ["AttentionKernel", "CausalSelfAttention", "KVCache", "rotate_rows"]
+__all__ = ["AttentionKernel", "CausalSelfAttention", "KVCache", "attention_modules", "rotate_rows"]
 
 #: ``kernel(q, k, v, dropout_p, scale)``: causal attention of rotated q ``(B, H, T, D)``
 #: and k, v ``(B, H, m, D)``, ``m = p + T >= T`` (``p`` cached positions first):
@@ -298,3 +298,28 @@ class CausalSelfAttention(nn.Module):
         if not return_attn:
             return out, None
         return out, (probs if probs_full is None else probs_full)  # (B, H, T, S)
+
+
+def attention_modules(model: nn.Module) -> list[tuple[str, CausalSelfAttention]]:
+    """Every ``CausalSelfAttention`` in ``model``, subclasses and ``model`` itself included.
+
+    The one walk of the stages that set something on each attention module
+    (fastpath's kernel, kv_cache's caches, padding's checks and hooks); each
+    keeps its own policy on what it finds.
+
+    Returns:
+        ``(name, module)`` pairs in ``model.named_modules()`` order (pre-order),
+        named as there (``""`` for ``model`` itself, the prefix of that module's
+        ``state_dict`` keys otherwise); a module held twice is listed once,
+        under its first name. Nothing on ``model`` changes.
+
+    Raises:
+        InputError: ``model`` is not an ``nn.Module``.
+    """
+    if not isinstance(model, nn.Module):
+        raise InputError(f"model must be an nn.Module, got {type(model).__name__}")
+    return [
+        (name, module)
+        for name, module in model.named_modules()
+        if isinstance(module, CausalSelfAttention)
+    ]
