@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from niels_gpt.config import ModelConfig
-from niels_gpt.model.attention import CausalSelfAttention
+from niels_gpt.model.attention import CausalSelfAttention, attention_modules
 
 __all__ = ["FastCausalSelfAttention", "sdpa_kernel", "use_explicit_attention", "use_fast_attention"]
 
@@ -70,21 +70,20 @@ class FastCausalSelfAttention(CausalSelfAttention):
 
 
 def _attention_modules(model: nn.Module) -> list[CausalSelfAttention]:
-    """Every attention module inside ``model``; ``TypeError`` for a subclass this
-    stage does not know (its math may not be the one attention's)."""
-    if not isinstance(model, nn.Module):
+    """Every attention module inside ``model`` (the attention stage's walk);
+    ``TypeError`` for a non-module or for a subclass this stage does not know
+    (its math may not be the one attention's)."""
+    if not isinstance(model, nn.Module):  # this stage's documented TypeError, exactly
         raise TypeError(f"expected an nn.Module, got {type(model).__name__}")
     known = (CausalSelfAttention, FastCausalSelfAttention)
-    found: list[CausalSelfAttention] = []
-    for name, module in model.named_modules():
-        if isinstance(module, CausalSelfAttention):
-            if type(module) not in known:
-                raise TypeError(
-                    f"{name or 'model'} is a {type(module).__name__}, a subclass this stage "
-                    "does not know; refusing to set its kernel"
-                )
-            found.append(module)
-    return found
+    found = attention_modules(model)
+    for name, module in found:
+        if type(module) not in known:
+            raise TypeError(
+                f"{name or 'model'} is a {type(module).__name__}, a subclass this stage "
+                "does not know; refusing to set its kernel"
+            )
+    return [module for _, module in found]
 
 
 def use_fast_attention(model: nn.Module) -> nn.Module:
