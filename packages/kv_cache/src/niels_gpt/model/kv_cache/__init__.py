@@ -26,7 +26,7 @@ from niels_gpt.model._kv_sampling import (
     choose_next,
     filter_logits,
 )
-from niels_gpt.model.attention import CausalSelfAttention, KVCache
+from niels_gpt.model.attention import CausalSelfAttention, KVCache, attention_modules
 from niels_gpt.model.gpt import GPT
 
 __all__ = [
@@ -61,19 +61,16 @@ def _check_max_len(value: object, high: int) -> int:
 
 def _attention_modules(model: nn.Module) -> list[CausalSelfAttention]:
     """Every attention module inside ``model``, in ``model.modules()`` order; each must run
-    the one attention's ``forward`` (only that reads the cache), else ``InputError``."""
-    if not isinstance(model, nn.Module):
-        raise InputError(f"model must be an nn.Module, got {type(model).__name__}")
-    found: list[CausalSelfAttention] = []
-    for name, module in model.named_modules():
-        if isinstance(module, CausalSelfAttention):
-            if type(module).forward is not CausalSelfAttention.forward:
-                raise InputError(
-                    f"{name or 'model'} is a {type(module).__name__} with a forward of its "
-                    "own; the KV cache needs the attention stage's forward"
-                )
-            found.append(module)
-    return found
+    the one attention's ``forward`` (only that reads the cache), else ``InputError``
+    (also for a ``model`` that is not an ``nn.Module``: the attention stage's walk)."""
+    found = attention_modules(model)
+    for name, module in found:
+        if type(module).forward is not CausalSelfAttention.forward:
+            raise InputError(
+                f"{name or 'model'} is a {type(module).__name__} with a forward of its "
+                "own; the KV cache needs the attention stage's forward"
+            )
+    return [module for _, module in found]
 
 
 def use_kv_cache(model: nn.Module, batch_size: int, *, max_len: int | None = None) -> list[KVCache]:
@@ -128,11 +125,8 @@ def drop_kv_cache(model: nn.Module) -> nn.Module:
     Raises:
         InputError: ``model`` is not an ``nn.Module``.
     """
-    if not isinstance(model, nn.Module):
-        raise InputError(f"model must be an nn.Module, got {type(model).__name__}")
-    for module in model.modules():
-        if isinstance(module, CausalSelfAttention):
-            _drop(module)
+    for _, module in attention_modules(model):
+        _drop(module)
     return model
 
 
@@ -141,8 +135,7 @@ _Saved = list[tuple[CausalSelfAttention, "KVCache | None"]]
 
 def _save(model: nn.Module) -> _Saved:
     """Each attention module with the cache the caller had set up on it (or None)."""
-    modules = [m for m in model.modules() if isinstance(m, CausalSelfAttention)]
-    return [(m, getattr(m, "kv_cache", None)) for m in modules]
+    return [(m, getattr(m, "kv_cache", None)) for _, m in attention_modules(model)]
 
 
 def _restore(saved: _Saved) -> None:
