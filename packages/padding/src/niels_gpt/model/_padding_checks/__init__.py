@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from niels_gpt.checks import InputError, check_length
-from niels_gpt.model.attention import CausalSelfAttention
+from niels_gpt.model.attention import CausalSelfAttention, attention_modules
 from niels_gpt.model.gpt import GPT
 from niels_gpt.model.kv_cache import check_generator, check_knobs
 
@@ -31,9 +31,7 @@ def check_model(model: object) -> GPT:
     kernel) with no KV cache set up; a forward of its own or a cache is refused."""
     if not isinstance(model, GPT):
         raise InputError(f"model must be a niels_gpt GPT, got {type(model).__name__}")
-    for name, module in model.named_modules():
-        if not isinstance(module, CausalSelfAttention):
-            continue
+    for name, module in attention_modules(model):
         if type(module).forward is not CausalSelfAttention.forward:
             raise InputError(
                 f"{name} must run the attention stage's forward, got a "

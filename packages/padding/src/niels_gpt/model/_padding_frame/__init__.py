@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from niels_gpt.model.attention import CausalSelfAttention
+from niels_gpt.model.attention import attention_modules
 
 __all__ = ["RowFrame", "framed"]
 
@@ -58,10 +58,6 @@ class RowFrame:
         return keywords
 
 
-def attention_modules(model: nn.Module) -> list[CausalSelfAttention]:
-    return [m for m in model.modules() if isinstance(m, CausalSelfAttention)]
-
-
 @contextmanager
 def framed(model: nn.Module, frame: RowFrame) -> Iterator[None]:
     """Run every attention module of ``model`` in ``frame`` for the block.
@@ -71,7 +67,6 @@ def framed(model: nn.Module, frame: RowFrame) -> Iterator[None]:
     (``kv_cache.generate`` sets up its own) is the padded frame: cache index =
     column, so each call's first column is the cache's length.
     """
-    modules = attention_modules(model)
 
     def add_frame(
         module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -82,7 +77,7 @@ def framed(model: nn.Module, frame: RowFrame) -> Iterator[None]:
 
     handles = []
     try:
-        for m in modules:
+        for _, m in attention_modules(model):
             handles.append(m.register_forward_pre_hook(add_frame, with_kwargs=True))
         yield
     finally:
