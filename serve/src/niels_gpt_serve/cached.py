@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from niels_gpt.model.attention import CausalSelfAttention, KVCache
+from niels_gpt.model.attention import KVCache, attention_modules
 from niels_gpt.model.gpt import GPT
 from niels_gpt_serve.engine import Tokens
 
@@ -63,7 +63,7 @@ class CachedEngine:
 
     def __init__(self, model: GPT) -> None:
         self.model = model
-        self.modules = [m for m in model.modules() if isinstance(m, CausalSelfAttention)]
+        self.modules = [m for _, m in attention_modules(model)]  # layer order
         self.T = model.cfg.T
         self.device = model.tok_emb.weight.device
         self.frame = _Frame([], [], [])
