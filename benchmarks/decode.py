@@ -25,7 +25,8 @@ Whole runs, timed interleaved by ``benchmarks.timing.measure``:
 Each cached decoder's tokens/s is also stated against the bandwidth floor
 (``benchmarks.floor``): the weights and cache bytes a token reads, the read
 bandwidth that implies, and that as a fraction of the machine's own read
-bandwidth, measured in the same run (a sum over 128 MiB).
+bandwidth, measured in the same run (a sum over four times the last level cache,
+at least 128 MiB: main memory's bandwidth, see ``benchmarks.floor``).
 
 Padded against plain generation (issue 21's target: at most 1.05x the time)
 is also taken as ratios of back-to-back pairs (``timing.paired_ratios``, not
@@ -235,7 +236,7 @@ def _bench(device: torch.device, quick: bool, compile: bool) -> dict[str, Any]:
     res["agree_with_generate"] = {
         n: _agree(o, outputs["kv_cache.generate"]) for n, o in outputs.items()
     }
-    note("the machine's read bandwidth (sum and copy_ of 128 MiB), the floor of every decoder")
+    note("the machine's read bandwidth (sum and copy_ past the last level cache): the floor")
     bounded = [n for n in stats if n != "no-cache recompute"]  # the compute-bound one aside
     per = {}
     for n in bounded:

@@ -8,6 +8,7 @@ a weight plus their scales and biases, the cache's mean rows over a decode.
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 from benchmarks import floor
@@ -78,3 +79,43 @@ def test_floor_lines_state_each_decoder_as_a_fraction_of_the_measured_bandwidth(
     assert "10.00 GB/s" in lines[0] and "128 MiB" in lines[0]
     assert "5.00 GB/s   50.0% of floor  (floor  100.0 tok/s)" in lines[1]
     assert "2.50 GB/s   25.0% of floor  (floor  400.0 tok/s)" in lines[2]
+
+
+def _caches(root: Path, entries: dict[str, tuple[str, str]]) -> Path:
+    """A fake ``/sys/devices/system/cpu/cpu0/cache``: ``index*/type`` and ``index*/size``."""
+    for index, (kind, size) in entries.items():
+        (root / index).mkdir(parents=True)
+        (root / index / "type").write_text(kind + "\n")
+        (root / index / "size").write_text(size + "\n")
+    return root
+
+
+def test_the_last_level_cache_is_the_largest_data_or_unified_one(tmp_path: Path) -> None:
+    root = _caches(
+        tmp_path / "cache",
+        {
+            "index0": ("Data", "48K"),
+            "index1": ("Instruction", "512M"),  # an instruction cache never counts
+            "index2": ("Unified", "2048K"),
+            "index3": ("Unified", "307200K"),  # this project's Xeon: 300 MiB
+        },
+    )
+    assert floor.last_level_cache_bytes(root) == 300 * 2**20
+    assert floor.last_level_cache_bytes(tmp_path / "absent") is None
+    bad = _caches(tmp_path / "bad", {"index0": ("Unified", "lots")})
+    assert floor.last_level_cache_bytes(bad) is None
+
+
+def test_the_probe_is_four_times_the_cache_and_at_least_128_mib() -> None:
+    assert floor.probe_bytes(None) == 128 * 2**20
+    assert floor.probe_bytes(8 * 2**20) == 128 * 2**20
+    assert floor.probe_bytes(300 * 2**20) == 1200 * 2**20
+
+
+def test_rows_whose_bytes_fit_in_the_cache_are_marked() -> None:
+    bandwidth = {"sum": 10e9, "copy_": 8e9, "read_bytes": 2**30, "cache_bytes": 50e6}
+    lines = floor.floor_lines({"a": 100e6, "b": 25e6}, {"a": 50.0, "b": 100.0}, bandwidth)
+    assert "last level cache 48 MiB" in lines[1]
+    assert lines[2].endswith("tok/s)") and lines[3].endswith("tok/s)  fits")
+    older = {k: v for k, v in bandwidth.items() if k != "cache_bytes"}  # a run from before
+    assert not any("fits" in line for line in floor.floor_lines({"b": 25e6}, {"b": 1.0}, older))
