@@ -21,7 +21,10 @@ VISIBLE = "            visible = allowed[:, :, rows, :r1]  # (B or 1, 1, R, r1) 
 ATTEND = (
     "        out, probs = self._core(q, k, v, p, key_mask, return_attn, plain)  # (B, T, H, D)\n"
 )
-ALL = '__all__ = ["AttentionKernel", "CausalSelfAttention", "KVCache", "rotate_rows"]\n'
+ALL = (
+    '__all__ = ["AttentionKernel", "CausalSelfAttention", "KVCache", "attention_modules", '
+    '"rotate_rows"]\n'
+)
 # A user's script: how far do outputs before position `cut` move when later tokens change?
 LEAK = """
 import torch

@@ -16,7 +16,7 @@ PAD = "packages/padding/src/niels_gpt/model/_padding_frame/__init__.py"
 PADDING = "packages/padding/src/niels_gpt/model/padding/__init__.py"
 PAD_TEST = "packages/padding/tests/test_padding.py"
 PAD_KEY = '            "key_mask": cols[None, :] >= pads,  # (B, p + n), True = a real key\n'
-IMPORT = "from niels_gpt.model.attention import CausalSelfAttention\n"
+IMPORT = "from niels_gpt.model.attention import attention_modules\n"
 HOOK = "        return args, {**kwargs, **frame.arguments(p, args[0].shape[1])}\n"
 # A user's script: the padded row's logits against the same row alone.
 PADDED = """
@@ -129,9 +129,9 @@ def test_attention_behind_multi_head_attention_is_recorded(real_repo: RealRepo) 
     """A forbidden op behind another API: for padded batches longer than 200 the frame
     hands the attention a kernel of its own (SDPA through multi_head_attention_forward,
     the same numbers) and no key mask, so the one attention takes the kernel path."""
-    real_repo.replace(PAD, "\n\ndef attention_modules(", FUSED + "\n\ndef attention_modules(")
+    real_repo.replace(PAD, "\n\n@contextmanager\n", FUSED + "\n\n@contextmanager\n")
     real_repo.replace(PAD, HOOK, LONG + HOOK)
-    saved = "    kernels = [(m, m.kernel) for m in modules]\n"
+    saved = "    kernels = [(m, m.kernel) for _, m in attention_modules(model)]\n"
     real_repo.replace(PAD, "    handles = []\n", "    handles = []\n" + saved)
     real_repo.replace(
         PAD, "            handle.remove()\n", "            handle.remove()\n"
