@@ -61,6 +61,7 @@ from benchmarks.decode_targets import (
     INT8_COMPILED,
     PADDED,
     PLAIN,
+    floor_fraction,
     padded_ratio,
     targets,
 )
@@ -233,9 +234,7 @@ def _bench(device: torch.device, quick: bool, compile: bool) -> dict[str, Any]:
         res["padded_pairs"] = paired_ratios(runs[PLAIN], runs[PADDED], device, pairs=PAIRS)
     res["runs"] = {n: s.as_dict() for n, s in stats.items()}
     res["tokens_per_s"] = {n: new / s.median for n, s in stats.items()}
-    res["agree_with_generate"] = {
-        n: _agree(o, outputs["kv_cache.generate"]) for n, o in outputs.items()
-    }
+    res["agree_with_generate"] = {n: _agree(o, outputs[PLAIN]) for n, o in outputs.items()}
     note("the machine's read bandwidth (sum and copy_ past the last level cache): the floor")
     bounded = [n for n in stats if n != "no-cache recompute"]  # the compute-bound one aside
     per = {}
@@ -287,12 +286,8 @@ def table_lines(res: dict[str, Any]) -> list[str]:
     base = tps["no-cache recompute"]
     for name, value in tps.items():
         agree = res["agree_with_generate"][name]
-        per = res.get("floor", {}).get("bytes_per_token", {}).get(name)
-        frac = (
-            ""
-            if per is None
-            else f"  {per * value / res['floor']['bandwidth']['sum']:5.0%} of floor"
-        )
+        bounded = name in res.get("floor", {}).get("bytes_per_token", {})
+        frac = f"  {floor_fraction(res, name):5.0%} of floor" if bounded else ""
         lines.append(
             f"    {name:26s}{value:8.1f} tok/s  x{value / base:6.2f} vs recompute"
             f"   {agree}/{res['new']} tokens as generate's{frac}"

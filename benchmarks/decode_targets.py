@@ -33,7 +33,8 @@ def padded_ratio(res: dict[str, Any]) -> tuple[float, str]:
     return tps[PLAIN] / tps[PADDED], "the rows' medians"
 
 
-def _floor_fraction(res: dict[str, Any], name: str) -> float:
+def floor_fraction(res: dict[str, Any], name: str) -> float:
+    """Row ``name``'s tokens/s as a fraction of the run's bandwidth floor (needs ``floor``)."""
     tps, floor = res["tokens_per_s"], res["floor"]
     return float(floor["bytes_per_token"][name] * tps[name] / floor["bandwidth"]["sum"])
 
@@ -58,14 +59,14 @@ def targets(res: dict[str, Any]) -> list[tuple[str, bool, str]]:
     more: list[tuple[str, bool, str]] = []
     if "floor" in res:  # older results have neither
         int8 = tps["kv_cache.generate, int8"] / gen
-        at = _floor_fraction(res, FAST)
+        at = floor_fraction(res, FAST)
         more = [
             ("int8 kv_cache.generate >= 1.8x float32's", int8 >= 1.8, f"{int8:.2f}x"),
             ("fast path generate >= 90% of the bandwidth floor", at >= 0.9, f"{at:.0%}"),
         ]
         if FAST_COMPILED in tps:  # kv_cache 7.1's compile_step, measured with --compile
             comp = tps[FAST_COMPILED] / tps["SDPA static cache"]
-            at = _floor_fraction(res, FAST_COMPILED)
+            at = floor_fraction(res, FAST_COMPILED)
             more += [
                 ("compiled-step fast path >= the SDPA decoder", comp >= 1.0, f"{comp:.2f}x"),
                 ("compiled-step fast path >= 90% of the floor", at >= 0.9, f"{at:.0%}"),
