@@ -135,7 +135,8 @@ def check_call(
                 f"positions must be ({B}, {T}) on {x.device}, got {tuple(positions.shape)} "
                 f"on {positions.device}"
             )
-        lo, hi = int(positions.min()), int(positions.max())  # one host sync
+        low, high = positions.aminmax()  # () each: one pass over the positions
+        lo, hi = int(low), int(high)  # the host reads both
         if lo < 0 or hi >= limit:
             raise InputError(f"positions must be in [0, {limit - 1}], got min {lo}, max {hi}")
     if key_mask is not None:
@@ -187,8 +188,8 @@ def rotate_rows(
     """
     B, H, T, D = q.shape
     rows = positions.reshape(B * T)  # (B*T,) table row of each folded position
-    sin_fold = sin[0, 0][rows].view(1, 1, B * T, D // 2)  # (1, 1, B*T, D/2)
-    cos_fold = cos[0, 0][rows].view(1, 1, B * T, D // 2)  # (1, 1, B*T, D/2)
+    sin_fold = sin.index_select(2, rows)  # (1, 1, B*T, D/2)
+    cos_fold = cos.index_select(2, rows)  # (1, 1, B*T, D/2)
     q_fold = q.transpose(0, 1).reshape(1, H, B * T, D)  # (1, H, B*T, D)
     k_fold = k.transpose(0, 1).reshape(1, H, B * T, D)  # (1, H, B*T, D)
     q_rot, k_rot = rope.apply_rope(q_fold, k_fold, sin_fold, cos_fold)  # (1, H, B*T, D) each
