@@ -32,6 +32,7 @@ import nox
 # nox puts this folder on sys.path only by changing into it; say so outright.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from noxkit.checker_tests import contracts_tests
 from noxkit.devenv import dev_env, run_dev, run_gate
 from noxkit.devices import device_tests
 from noxkit.paths import (
@@ -122,31 +123,22 @@ def typecheck(session: nox.Session) -> None:
     session.run(str(bin_dir(DEV_ENV) / "mypy"), *files, env=env, external=True)
 
 
-def _contracts_tests(session: nox.Session, marker: str, *, parallel: bool = True) -> None:
-    """pytest over ``contracts/tests`` selected by ``-m marker``, plus the session's arguments.
-
-    ``--confcutdir=contracts`` keeps the repository-wide conftest (hypothesis
-    profiles, torch) out of these torch-free tests: it costs seconds a worker.
-    ``parallel``: one pytest-xdist worker a core (the workflow replay runs alone).
-    """
-    workers = ["--numprocesses=auto"] if parallel else []
-    run_dev(
-        session,
-        "pytest",
-        "contracts/tests",
-        "--confcutdir=contracts",
-        "--durations=12",  # where the minutes go, in every CI log
-        *workers,
-        "-m",
-        marker,
-        *session.posargs,
-    )
-
-
 @nox.session(name="test-contracts", venv_backend="none")
 def test_contracts(session: nox.Session) -> None:
     """The checker's own tests, on real temporary git repositories."""
-    _contracts_tests(session, "not hooks and not workflow and not scenario")
+    contracts_tests(session, "not hooks and not workflow and not scenario and not reseeded")
+
+
+@nox.session(name="test-reseeded", venv_backend="none")
+def test_reseeded(session: nox.Session) -> None:
+    """Each float64 reference against main at a seed drawn for this run (``reseeded``).
+
+    ``test-contracts`` holds every reference to main at seed 7; these add one
+    fresh seed a run, as the gate draws a secret one a verdict. A failure
+    prints the seed and the ``NIELS_REFERENCE_SEED`` value that reruns it.
+    About 100 s on two cores, so only ``.ci/run --full`` runs them.
+    """
+    contracts_tests(session, "reseeded")
 
 
 @nox.session(name="test-scenarios", venv_backend="none")
@@ -166,7 +158,7 @@ def test_scenarios(session: nox.Session) -> None:
     the environment seal both ways. Run them all before changing the oracle,
     the sandbox or the source rules.
     """
-    _contracts_tests(session, "scenario")
+    contracts_tests(session, "scenario")
 
 
 @nox.session(name="test-workflow", venv_backend="none")
@@ -177,7 +169,7 @@ def test_workflow(session: nox.Session) -> None:
     sandbox environment built and cached by the push job, then honest, broken
     and trailer-less PRs judged by the PR jobs (``contracts/tests/actkit.py``).
     """
-    _contracts_tests(session, "workflow", parallel=False)
+    contracts_tests(session, "workflow", parallel=False)
 
 
 @nox.session(name="test-hooks", venv_backend="none")
@@ -188,7 +180,7 @@ def test_hooks(session: nox.Session) -> None:
     from the package index (tens of seconds, and the network), while
     ``test-contracts`` stays fast and offline.
     """
-    _contracts_tests(session, "hooks")
+    contracts_tests(session, "hooks")
 
 
 @nox.session(venv_backend="none")

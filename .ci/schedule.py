@@ -58,14 +58,16 @@ def tier(sessions: tuple[Session, ...], full: bool) -> tuple[Session, ...]:
 # CPU-s). ``.ci/run --full`` adds the rest (well over an hour), with their CPU-s in
 # a clean-clone run: the experiment from its wheels (156), every README's
 # examples from their install lines (129), the hooks through pre-commit (47),
-# the mutant proof of all 272 catalogued bugs (422), every scenario rather
-# than none (43 of the 60 took 5800 in one run) and the workflow replay (325).
+# the mutant proof of all 273 catalogued bugs (422), every scenario rather
+# than none (43 of the 60 took 5800 in one run), the workflow replay (325)
+# and each float64 reference at a seed drawn for the run (120, measured alone).
 SESSIONS = (
     Session("lint"),
     Session("test-serve"),
     Session("test-experiments", full_only=True),
     Session("test-contracts", needs=("lint",)),
     Session("test-scenarios", needs=("lint",), full_only=True),
+    Session("test-reseeded", needs=("lint",), full_only=True),
     Session("mutants", needs=("lint",), full_only=True),
     Session("test-cpu", needs=("lint",)),
     Session("test-mps", needs=("lint",)),

@@ -37,6 +37,11 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     config.addinivalue_line(
         "markers",
+        "reseeded: a float64 reference against main at a seed drawn for the run "
+        "(NIELS_REFERENCE_SEED reruns one; nox -s test-reseeded, .ci/run --full)",
+    )
+    config.addinivalue_line(
+        "markers",
         "smoke: 4 scenarios for a few minutes (nox -s test-scenarios -- -m smoke): a first "
         "PR against the float64 reference, a foreign write, the environment seal; "
         ".ci/run --full runs every scenario",

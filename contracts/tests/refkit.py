@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import random
 import shutil
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -34,6 +36,28 @@ from niels_gpt_contracts.verdict.oracle_compare import Judge
 REPO = Path(__file__).resolve().parents[2]
 
 Edit = Callable[[str], str]  # a module file's text -> the broken text
+SEED_VARIABLE = "NIELS_REFERENCE_SEED"
+
+
+def drawn_seed() -> int:
+    """A seed drawn for this run, or ``$NIELS_REFERENCE_SEED`` when set (to rerun one).
+
+    The gate judges with a secret seed drawn per verdict, so a reference must
+    agree with main at any seed, not only at the one a test file names. The
+    seed is printed: pytest shows it, and the line that reruns it, with a
+    failure's captured output.
+
+    Raises ValueError when the variable is set to anything but a positive integer.
+    """
+    raw = os.environ.get(SEED_VARIABLE)
+    if raw is None:
+        seed = random.SystemRandom().randrange(1, 2**62)
+    elif raw.isdigit() and int(raw) > 0:
+        seed = int(raw)
+    else:
+        raise ValueError(f"{SEED_VARIABLE} must be a positive decimal integer, found {raw!r}")
+    print(f"drawn seed {seed}; rerun with {SEED_VARIABLE}={seed}")
+    return seed
 
 
 def specs() -> dict[str, Spec]:
