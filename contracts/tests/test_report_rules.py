@@ -1,5 +1,5 @@
-"""The rule registry: every id the checker can emit is described once, and a
-spec-defined id is described by its own stage's spec."""
+"""The rule index: every id the checker can emit is described once, by the
+module that emits it, and a spec-defined id by its own stage's spec."""
 
 from __future__ import annotations
 
@@ -7,9 +7,13 @@ import re
 from pathlib import Path
 from typing import get_args
 
+import pytest
+
 import niels_gpt_contracts
 from niels_gpt_contracts.mutants.runner import Status as MutantStatus
-from niels_gpt_contracts.result import RULES, Result, SpecRule
+from niels_gpt_contracts.reporters import rule_index
+from niels_gpt_contracts.reporters.rule_index import RULES, gather, rule_doc, spec_rule
+from niels_gpt_contracts.result import Result, SpecRule
 
 SOURCE = Path(niels_gpt_contracts.__file__).resolve().parent
 # Families of fixed ids, those in use and those announced (issue 9's brief).
@@ -51,11 +55,11 @@ def test_spec_rules_are_described_stage_by_stage() -> None:
     result.add_spec_rule(
         SpecRule("b", "static.dependencies", "dependencies", "b needs a", "specs/b.toml", 7)
     )
-    a, b = (result.rule_doc("static.dependencies", s) for s in ("a", "b"))
+    a, b = (rule_doc(result, "static.dependencies", s) for s in ("a", "b"))
     assert a.short == "a needs none" and b.short == "b needs a"
     assert "specs/b.toml:7" in b.full and "'b'" in b.full and "b needs a" in b.help
-    assert result.rule_doc("path.meta", "a") == RULES["path.meta"]
-    unknown = result.rule_doc("static.dependencies", "c")
+    assert rule_doc(result, "path.meta", "a") == RULES["path.meta"]
+    unknown = rule_doc(result, "static.dependencies", "c")
     assert "no registered description" in unknown.full
 
 
@@ -69,8 +73,33 @@ def test_a_rule_judged_under_a_dependant_stage_keeps_its_owners_text() -> None:
                 stage, "runtime.no-x", "forbidden_ops", f"{stage}: no x", f"specs/{stage}.toml"
             )
         )
-    assert result.rule_doc("runtime.no-x", "top", "specs/mid.toml").short == "mid: no x"
-    assert result.spec_rule("runtime.no-x", "top", "specs/other.toml") is None
+    assert rule_doc(result, "runtime.no-x", "top", "specs/mid.toml").short == "mid: no x"
+    assert spec_rule(result, "runtime.no-x", "top", "specs/other.toml") is None
     result.spec_rules.pop(("low", "runtime.no-x"))
-    assert result.rule_doc("runtime.no-x", "top", None).short == "mid: no x"
-    assert result.spec_rule("path.meta", "top") is None
+    assert rule_doc(result, "runtime.no-x", "top", None).short == "mid: no x"
+    assert spec_rule(result, "path.meta", "top") is None
+
+
+def test_each_id_is_described_by_a_module_that_emits_it() -> None:
+    """A module's ``RULE_DOCS`` holds only ids its own code raises: the id's text is
+    quoted there again outside the table, or (``mutant.<status>``) built from a status."""
+    for module in rule_index.EMITTERS:
+        text = Path(str(module.__file__)).read_text(encoding="utf-8")
+        for rule in module.RULE_DOCS:
+            quoted = text.count(f'"{rule}"')
+            built = rule.startswith("mutant.") and 'f"mutant.{' in text
+            assert quoted >= 2 or built, f"{module.__name__} describes {rule} but never emits it"
+
+
+def test_an_id_two_modules_describe_is_refused() -> None:
+    doc = RULES["path.meta"]
+    assert gather([("a", {"x.y": doc}), ("b", {"x.z": doc})]) == {"x.y": doc, "x.z": doc}
+    with pytest.raises(ValueError, match=r"'x.y' is described in a and in b"):
+        gather([("a", {"x.y": doc}), ("b", {"x.y": doc})])
+
+
+def test_no_module_outside_the_index_describes_rules() -> None:
+    """Every module with a ``RULE_DOCS`` table is one the index gathers."""
+    gathered = {Path(str(m.__file__)).resolve() for m in rule_index.EMITTERS}
+    tables = {p.resolve() for p in SOURCE.rglob("*.py") if "\nRULE_DOCS: " in p.read_text()}
+    assert sorted(map(str, tables - gathered)) == []

@@ -2,9 +2,10 @@
 
 A run produces ``Outcome`` rows (one per stage and check, each KEPT, BROKEN or
 NOT RUN) and the ``Violation`` records behind the BROKEN ones. Rule ids are
-stable strings, described in ``niels_gpt_contracts.rules`` (re-exported here):
-the fixed ones in ``RULES``, a spec's rule ``<id>`` (``static.<id>``,
-``runtime.<id>``) by the spec that defines it (``SpecRule``), stage by stage.
+stable strings: a fixed one is described by the module that emits it
+(``reporters.rule_index`` gathers them), a spec's rule ``<id>``
+(``static.<id>``, ``runtime.<id>``) by the spec that defines it
+(``SpecRule``, kept in ``Result.spec_rules`` stage by stage).
 """
 
 from __future__ import annotations
@@ -12,14 +13,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from niels_gpt_contracts.rules import RULES, SPEC_RULE_KINDS, RuleDoc, SpecRule, unregistered
+from niels_gpt_contracts.rules import SPEC_RULE_KINDS, RuleDoc, SpecRule
 
 __all__ = [
     "BROKEN",
     "KEPT",
     "NOT_RUN",
     "REPORT_SCHEMA_VERSION",
-    "RULES",
     "SPEC_RULE_KINDS",
     "Outcome",
     "Result",
@@ -27,7 +27,6 @@ __all__ = [
     "SpecRule",
     "Status",
     "Violation",
-    "unregistered",
 ]
 
 Status = Literal["KEPT", "BROKEN", "NOT RUN"]
@@ -119,25 +118,3 @@ class Result:
 
     def add_spec_rule(self, rule: SpecRule) -> None:
         self.spec_rules[(rule.stage, rule.rule)] = rule
-
-    def spec_rule(self, rule: str, stage: str, path: str | None = None) -> SpecRule | None:
-        """The spec rule behind a violation of ``rule`` reported under ``stage``.
-
-        A stage's own rule first; else (a rule of a stage the reported one
-        depends on, judged at run time) the one whose spec is ``path``, or
-        the only rule with that id.
-        """
-        own = self.spec_rules.get((stage, rule))
-        if own is not None or rule in RULES:
-            return own
-        same = [r for r in self.spec_rules.values() if r.rule == rule]
-        at_path = [r for r in same if r.spec_path == path]
-        found = at_path or same
-        return found[0] if len(found) == 1 else None
-
-    def rule_doc(self, rule: str, stage: str, path: str | None = None) -> RuleDoc:
-        """How ``rule`` is described for a violation reported under ``stage``."""
-        own = self.spec_rule(rule, stage, path)
-        if own is not None:
-            return own.doc()
-        return RULES.get(rule) or unregistered(rule)

@@ -43,7 +43,51 @@ from niels_gpt_contracts.errors import ConfigError, SpecErrors
 from niels_gpt_contracts.gitdiff import Change as PathChange
 from niels_gpt_contracts.gitdiff import GitRepo, RevisionTree, Tree, WorkingTree
 from niels_gpt_contracts.result import BROKEN, KEPT, Outcome, Result, Violation
+from niels_gpt_contracts.rules import RuleDoc
 from niels_gpt_contracts.spec import SCHEMA_PATH, SPECS_DIR, Spec, load_schema, parse_spec
+
+# The rule ids this module emits, each with what SARIF shows of it
+# (``reporters.rule_index`` gathers every module's).
+RULE_DOCS: dict[str, RuleDoc] = {
+    "amendment.breaking": RuleDoc(
+        "A spec amendment breaks the contract without declaring it.",
+        "A commit with a 'Spec: <stage>' trailer amends that stage's spec. A removed or "
+        "renamed export or parameter, a changed default or return, a dropped invariant or "
+        "rule, a loosened rule, a wider may_change or edited evidence (acceptance tests, "
+        "drivers) is BREAKING: users and later PRs relied on it.",
+        "Add a 'Spec-Break: <reason>' trailer to the amending commit and bump the spec's "
+        "major version, or make the change additive (keyword-only parameters with "
+        "defaults that keep today's behaviour, new exports, invariants, rules).",
+    ),
+    "amendment.version": RuleDoc(
+        "A spec amendment's version does not match its change.",
+        "The spec's version is the contract's: a BREAKING change needs a major bump, an "
+        "ADDITIVE one at least a minor bump, and a version never goes down.",
+        "Set version in specs/<stage>.toml as the message says.",
+    ),
+    "amendment.trailer": RuleDoc(
+        "A spec changed without a 'Spec:' trailer naming its stage.",
+        "Every commit range that changes a stage's spec or its maintainers' evidence "
+        "(specs/<stage>.toml, specs/<stage>/) names the stage in a 'Spec: <stage>' trailer, "
+        "so the amendment is judged as one, and a trailer names an existing stage.",
+        "Add 'Spec: <stage>' to the amending commit's trailers, or fix the stage's name.",
+    ),
+    "amendment.path": RuleDoc(
+        "A spec amendment changes files outside the amended specs.",
+        "An amendment range may change only the named stages' specs/<stage>.toml and "
+        "specs/<stage>/ (and, for a declared break, packages/<stage>/tests/): code passed "
+        "off as an amendment would escape the stage gate.",
+        "Move the other changes into a stage PR ('Stage:' trailer) or a maintainers' change "
+        "of their own.",
+    ),
+    "amendment.invalid": RuleDoc(
+        "An amended spec is not valid.",
+        "The head's spec is validated with the base's schema: an amendment changes a "
+        "contract, not the schema that every contract follows, and it cannot remove a "
+        "stage.",
+        "Fix the key the message names.",
+    ),
+}
 
 SHOWN = 8  # changes named in a row's summary
 OUTSIDE = (

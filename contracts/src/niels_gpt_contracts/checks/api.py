@@ -28,7 +28,57 @@ from niels_gpt_contracts.checks.api_source import judge_source
 from niels_gpt_contracts.checks.signatures import compare_signatures, norm, parse_signature
 from niels_gpt_contracts.gitdiff import Tree, WorkingTree
 from niels_gpt_contracts.result import Violation
+from niels_gpt_contracts.rules import RuleDoc
 from niels_gpt_contracts.spec import ApiEntry, Spec, compile_patterns
+
+# The rule ids this module emits, each with what SARIF shows of it
+# (``reporters.rule_index`` gathers every module's).
+RULE_DOCS: dict[str, RuleDoc] = {
+    "api.missing": RuleDoc(
+        "A public object the spec lists cannot be imported.",
+        "Each object in the stage spec's API must import from its listed module path, in "
+        "a fresh interpreter over the tree's packages.",
+        "Restore the object at the import path the spec names (or fix the import error "
+        "the message shows).",
+    ),
+    "api.kind": RuleDoc(
+        "A public object is not of the kind the spec says.",
+        "The spec lists each public object as a module, a function or a class; the "
+        "object found must be of that kind.",
+        "Make the object the kind the spec lists again.",
+    ),
+    "api.signature": RuleDoc(
+        "A public signature differs from the spec.",
+        "Signatures are compared parameter by parameter: name, kind, default and "
+        "annotation, and the return annotation; annotations are normalised, so quoting "
+        "and spacing do not matter.",
+        "Change the signature back to the spec's (the message shows the first difference).",
+    ),
+    "api.exports": RuleDoc(
+        "A module does not export exactly the names the spec lists.",
+        "A module's __all__ must name exactly the spec's exports, and each must exist.",
+        "Set __all__ to the spec's list and define every name in it.",
+    ),
+    "api.fields": RuleDoc(
+        "A class does not declare exactly the fields the spec lists.",
+        "A dataclass-like class must declare exactly the annotated fields the spec "
+        "lists, with the same annotations.",
+        "Declare the spec's fields, no more and no fewer.",
+    ),
+    "api.identity": RuleDoc(
+        "A re-exported object is not the very object the spec names.",
+        "Where the spec says an object is the same as another (a re-export), both paths "
+        "must give the identical object, not a copy or a wrapper.",
+        "Re-export the original object instead of redefining it.",
+    ),
+    "api.probe": RuleDoc(
+        "The public API could not be inspected.",
+        "The API is inspected by importing the tree's packages in a fresh interpreter; an "
+        "import that fails or a probe that crashes leaves the API unverified, which "
+        "counts as broken.",
+        "Fix the import or crash the message shows, so that the API can be inspected.",
+    ),
+}
 
 PROBE = Path(__file__).with_name("_probe.py")
 SRC_FILES = compile_patterns(["/packages/*/src/**/*.py"])

@@ -20,6 +20,20 @@ from typing import Any
 
 from niels_gpt_contracts.checks.signatures import compare_signatures, from_def, render
 from niels_gpt_contracts.gitdiff import Tree
+from niels_gpt_contracts.rules import RuleDoc
+
+# The rule ids this module emits, each with what SARIF shows of it
+# (``reporters.rule_index`` gathers every module's).
+RULE_DOCS: dict[str, RuleDoc] = {
+    "api.source": RuleDoc(
+        "The reported signature is not the code that runs.",
+        "The signature inspect reports must be that of the def that runs: an assigned "
+        "__signature__ or a decorator that hides the function, or running code that is "
+        "not in the tree, would let the API check pass on something else.",
+        "Remove the __signature__ assignment or the hiding wrapper; define the function "
+        "in the stage's module.",
+    ),
+}
 
 Finding = tuple[str, str, str | None, int | None]  # rule, message, path, line
 

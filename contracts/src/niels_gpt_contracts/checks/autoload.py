@@ -27,8 +27,28 @@ import tomllib
 
 from niels_gpt_contracts.gitdiff import Change, Tree
 from niels_gpt_contracts.result import Violation
+from niels_gpt_contracts.rules import RuleDoc
 from niels_gpt_contracts.self_loading import SELF_LOADING_NAMES, SELF_LOADING_SUFFIXES, file_name
 from niels_gpt_contracts.spec import Spec
+
+# The rule ids this module emits, each with what SARIF shows of it
+# (``reporters.rule_index`` gathers every module's).
+RULE_DOCS: dict[str, RuleDoc] = {
+    "path.autoload": RuleDoc(
+        "A stage PR adds or changes code that loads without an import.",
+        "Python and pytest run some files by their name or place alone: conftest.py, "
+        "sitecustomize.py, usercustomize.py, *.pth, pytest and tox ini sections, entry "
+        "points, build hooks. A stage PR must not bring any, or its code would run inside "
+        "the checker's own test runs.",
+        "Remove the file or table; put the code in a module that is imported explicitly.",
+    ),
+    "path.symlink": RuleDoc(
+        "A stage PR adds or changes a symbolic link.",
+        "A link can make one path read another file than the one judged, so stages ship "
+        "regular files only.",
+        "Replace the link by a regular file.",
+    ),
+}
 
 # pyproject tables that make code run on install, on import or inside pytest,
 # or that decide what a wheel contains: the build backend and all of hatch's

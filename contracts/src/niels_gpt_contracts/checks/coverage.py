@@ -24,7 +24,21 @@ from collections.abc import Iterable
 
 from niels_gpt_contracts.gitdiff import Tree
 from niels_gpt_contracts.result import Violation
+from niels_gpt_contracts.rules import RuleDoc
 from niels_gpt_contracts.spec import SPECS_DIR, Spec
+
+# The rule ids this module emits, each with what SARIF shows of it
+# (``reporters.rule_index`` gathers every module's).
+RULE_DOCS: dict[str, RuleDoc] = {
+    "oracle.coverage": RuleDoc(
+        "A domain axis the spec declares is never swept by its oracle driver.",
+        "A spec's [oracle] axes name the parts of the stage's domain the oracle must draw "
+        "from (magnitude, dtype, layout, config, modes, grad2, history, errors, combos). "
+        "A driver that never tags a call with one of them leaves that part of the contract "
+        "unjudged, so the spec is refused until it does.",
+        'Add calls tagged axes=("<axis>",) to the stage\'s driver, or amend the spec.',
+    ),
+}
 
 CHECK = "coverage"
 RULE = "oracle.coverage"

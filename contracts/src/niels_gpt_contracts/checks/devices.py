@@ -23,7 +23,32 @@ from niels_gpt_contracts.checks.staleness import fresh_failures, stale_section
 from niels_gpt_contracts.errors import ConfigError
 from niels_gpt_contracts.fingerprint import Fingerprint
 from niels_gpt_contracts.result import BROKEN, KEPT, NOT_RUN, Outcome, Violation
+from niels_gpt_contracts.rules import RuleDoc
 from niels_gpt_contracts.spec import Spec
+
+# The rule ids this module emits, each with what SARIF shows of it
+# (``reporters.rule_index`` gathers every module's).
+RULE_DOCS: dict[str, RuleDoc] = {
+    "device.failed": RuleDoc(
+        "A test proving an invariant failed on a device.",
+        "The invariant report of a device's test session shows a failing test that "
+        "claims the invariant.",
+        "Run the named tests on that device (nox -s test-<device>) and fix the failure.",
+    ),
+    "device.incomplete": RuleDoc(
+        "A device run ended in error before the invariant was verified.",
+        "The device's test session ended with a non-zero pytest status and no passing "
+        "test verified the invariant, so it cannot count as kept.",
+        "Fix the error that stopped the run, then run the device session again.",
+    ),
+    "device.not-run": RuleDoc(
+        "An invariant was not verified on a device the run requires.",
+        "With --require-device, a device with no report, or whose tests for an invariant "
+        "were all skipped, is broken rather than not run: a skip is not a pass.",
+        "Run the stage's tests on the device, and make sure the invariant's tests do not "
+        "skip there.",
+    ),
+}
 
 DEVICES = ("cpu", "mps", "cuda")
 

@@ -17,7 +17,38 @@ from dataclasses import dataclass
 
 from niels_gpt_contracts.gitdiff import Tree
 from niels_gpt_contracts.result import Violation
+from niels_gpt_contracts.rules import RuleDoc
 from niels_gpt_contracts.spec import Spec, compile_patterns
+
+# The rule ids this module emits, each with what SARIF shows of it
+# (``reporters.rule_index`` gathers every module's).
+RULE_DOCS: dict[str, RuleDoc] = {
+    "invariant.unclaimed": RuleDoc(
+        "A spec invariant is claimed by no test.",
+        "Every invariant a stage declares must be claimed by at least one test with "
+        "@pytest.mark.invariant('<stage>.<id>'), so that some test proves it on every "
+        "device.",
+        "Add or mark a test that proves the invariant.",
+    ),
+    "invariant.unknown": RuleDoc(
+        "A test claims an invariant no spec declares.",
+        "A marker naming an invariant that no spec declares proves nothing the gate can "
+        "count (often a typo).",
+        "Correct the invariant id in the marker, or declare the invariant in the spec.",
+    ),
+    "invariant.malformed": RuleDoc(
+        "An invariant marker is not a single string literal '<stage>.<id>'.",
+        "Claims are read statically, so the marker's argument must be one string literal "
+        "of the form '<stage>.<id>'.",
+        "Write the marker as @pytest.mark.invariant('<stage>.<id>').",
+    ),
+    "stage.unspecified": RuleDoc(
+        "A stage package has no spec.",
+        "Every package under packages/ must be owned by a stage spec in specs/, or "
+        "nothing would judge the PRs that change it.",
+        "Add a specs/<stage>.toml whose package is this directory (a maintainer change).",
+    ),
+}
 
 # Stage tests, and the maintainer-owned acceptance tests beside the specs.
 TEST_FILES = compile_patterns(["/packages/*/tests/**/*.py", "/specs/*/tests/**/*.py"])

@@ -23,7 +23,36 @@ from collections.abc import Mapping
 
 from niels_gpt_contracts.gitdiff import Tree
 from niels_gpt_contracts.result import Violation
+from niels_gpt_contracts.rules import RuleDoc
 from niels_gpt_contracts.spec import Spec, import_name
+
+# The rule ids this module emits, each with what SARIF shows of it
+# (``reporters.rule_index`` gathers every module's).
+RULE_DOCS: dict[str, RuleDoc] = {
+    "module.unlisted": RuleDoc(
+        "A file under the stage's src/ is not a module its spec lists.",
+        "A stage owns exactly the modules its spec lists; an unlisted file would ship "
+        "code nothing judges.",
+        "Remove the file, or list the module in the spec (a maintainer change).",
+    ),
+    "module.shadowed": RuleDoc(
+        "A stage file sits at the path of another stage's module.",
+        "Two distributions must never own the same file: one would overwrite or shadow "
+        "the other when both are installed.",
+        "Move the code into a module the stage owns.",
+    ),
+    "module.missing": RuleDoc(
+        "A module the stage's spec lists is absent.",
+        "Every module the spec lists must exist under the stage's src/.",
+        "Restore the module at the path the spec lists.",
+    ),
+    "module.undeclared-import": RuleDoc(
+        "A stage module imports a stage it does not depend on.",
+        "A stage may import only the stages in its depends_on (and their own dependencies), "
+        "so that installing one stage brings everything it needs and nothing more.",
+        "Drop the import, or declare the dependency in the spec (a maintainer change).",
+    ),
+}
 
 ALWAYS_ALLOWED = ("py.typed",)
 

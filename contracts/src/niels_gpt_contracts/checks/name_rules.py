@@ -18,7 +18,23 @@ from niels_gpt_contracts.checks import names
 from niels_gpt_contracts.checks.source import ALLOWED_IMPORTS
 from niels_gpt_contracts.gitdiff import Tree
 from niels_gpt_contracts.result import Violation
+from niels_gpt_contracts.rules import RuleDoc
 from niels_gpt_contracts.spec import Spec
+
+# The rule ids this module emits, each with what SARIF shows of it
+# (``reporters.rule_index`` gathers every module's).
+RULE_DOCS: dict[str, RuleDoc] = {
+    "source.name": RuleDoc(
+        "A stage module uses a name that is, or reaches, something it may not.",
+        "Imported names and attribute chains are checked for what they are, resolved in "
+        "an interpreter that imports no code of the PR: a module object such as os, sys, "
+        "subprocess or importlib, a function that runs programs or loads code "
+        "(torch.utils.collect_env.run), one that changes torch's global state (global "
+        "module hooks, seeds, default dtype), or a name another stage's module does not "
+        "define or export, whichever allowed module the name is taken from.",
+        "Compute with torch's tensor API and the stages' exported names only.",
+    ),
+}
 
 Interpreter = tuple[str, Mapping[str, str] | None]
 

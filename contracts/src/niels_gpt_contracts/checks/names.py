@@ -36,6 +36,20 @@ from pathlib import Path
 from typing import Any
 
 from niels_gpt_contracts.checks.source import ALLOWED_IMPORTS, INTERPRETER_MODULES
+from niels_gpt_contracts.rules import RuleDoc
+
+# The rule ids this module emits, each with what SARIF shows of it
+# (``reporters.rule_index`` gathers every module's).
+RULE_DOCS: dict[str, RuleDoc] = {
+    "source.foreign-write": RuleDoc(
+        "A stage module writes to something it does not own.",
+        "Assigning or deleting an attribute or item of another stage's, torch's or "
+        "pytest's modules, classes or functions (directly, through an alias, through "
+        "type(x) or x.__class__, or with setattr/delattr), or replacing a module's forward, "
+        "changes what other code computes behind its back.",
+        "Subclass, wrap or pass values instead; change another stage in that stage's PR.",
+    ),
+}
 
 PROBE = Path(__file__).with_name("_name_probe.py")
 DENIED_MODULES = (

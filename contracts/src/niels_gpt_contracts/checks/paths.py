@@ -19,7 +19,43 @@ from __future__ import annotations
 from niels_gpt_contracts.checks import lines
 from niels_gpt_contracts.gitdiff import Change, Tree
 from niels_gpt_contracts.result import Violation
+from niels_gpt_contracts.rules import GATE_FROM_BASE, RuleDoc
 from niels_gpt_contracts.spec import META_SPEC, LineScope, Spec
+
+# The rule ids this module emits, each with what SARIF shows of it
+# (``reporters.rule_index`` gathers every module's).
+RULE_DOCS: dict[str, RuleDoc] = {
+    "path.meta": RuleDoc(
+        "A stage PR changed a meta path.",
+        "Meta paths (specs/, contracts/, .github/, .ci/, noxfile.py and noxkit/, "
+        "constraints.txt, the root pyproject.toml, .pre-commit-hooks.yaml) decide how every "
+        "stage is judged, so "
+        "they belong to no stage and no stage PR may add, change or delete them.",
+        "Move the meta change into its own PR, which a maintainer reviews and merges; keep "
+        "the stage PR to the stage's own paths.",
+    ),
+    "path.forbidden": RuleDoc(
+        "The PR changed a path the stage must not change.",
+        "The path matches the stage's must_not_change patterns, which win over every "
+        "permission. " + GATE_FROM_BASE,
+        "Revert the change to this path; if the stage really needs it, change the spec "
+        "first in a separate, reviewed PR.",
+    ),
+    "path.not-allowed": RuleDoc(
+        "The PR changed a path outside the stage's allowlist.",
+        "The path matches none of the stage's may_change patterns nor a line-scoped "
+        "permission. " + GATE_FROM_BASE,
+        "Revert the change, or move it to a PR of the stage that owns the path.",
+    ),
+    "path.line-scope": RuleDoc(
+        "A file changed beyond what its line-scoped permission allows.",
+        "Some files outside the stage may change only on certain lines (for example: only "
+        "to add a keyword argument to a call). Both versions are parsed and compared; "
+        "every other line must stay identical, and the file may only be edited in place.",
+        "Undo the edits the permission does not cover (the message names the permission "
+        "and what it allows); keep the file's path and type.",
+    ),
+}
 
 _VERB = {
     "A": "added",

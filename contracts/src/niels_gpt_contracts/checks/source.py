@@ -32,7 +32,25 @@ import ast
 from collections.abc import Iterator, Mapping
 
 from niels_gpt_contracts.result import Violation
+from niels_gpt_contracts.rules import RuleDoc
 from niels_gpt_contracts.spec import Spec
+
+# The rule ids this module emits, each with what SARIF shows of it
+# (``reporters.rule_index`` gathers every module's).
+RULE_DOCS: dict[str, RuleDoc] = {
+    "source.import": RuleDoc(
+        "A stage module imports outside the allowed modules.",
+        "Stage code may import the stages' namespace, public torch and pure-computation "
+        "standard library modules only, so what it does can be read from its source.",
+        "Replace the import by one of the allowed modules.",
+    ),
+    "source.dynamic": RuleDoc(
+        "A stage module builds names or code at run time.",
+        "Code built at run time (eval, exec, getattr with computed names, interpreter "
+        "internals) hides what runs from every static check.",
+        "Write the code out so that it reads as what it does.",
+    ),
+}
 
 ALLOWED_IMPORTS = frozenset(
     {

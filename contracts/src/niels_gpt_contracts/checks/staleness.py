@@ -17,6 +17,26 @@ from collections.abc import Mapping
 from typing import Any
 
 from niels_gpt_contracts.fingerprint import owner
+from niels_gpt_contracts.rules import RuleDoc
+
+# The rule ids this module emits, each with what SARIF shows of it
+# (``reporters.rule_index`` gathers every module's).
+RULE_DOCS: dict[str, RuleDoc] = {
+    "device.stale": RuleDoc(
+        "A device report was produced from another tree than the one judged.",
+        "Every invariant report records the fingerprint of the stage sources and tests it "
+        "ran on; a report whose fingerprint differs from the tree being judged proves "
+        "nothing about it, so the device counts as not run (broken when required).",
+        "Run the device session again on this tree: nox -s test-<device>.",
+    ),
+    "device.partial": RuleDoc(
+        "A device report covers a narrowed test selection.",
+        "A run narrowed with -k, -m, --deselect, node ids, -x or --last-failed (or an old "
+        "report that does not say what it covered) may have left out a failing test, so "
+        "it counts as not run (broken when required).",
+        "Run the whole device session without narrowing options.",
+    ),
+}
 
 __all__ = ["fresh_failures", "stale_section"]
 

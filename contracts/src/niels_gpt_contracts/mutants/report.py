@@ -15,6 +15,33 @@ from dataclasses import asdict
 
 from niels_gpt_contracts.mutants.verdicts import MutantsResult, Verdict
 from niels_gpt_contracts.result import REPORT_SCHEMA_VERSION, Violation
+from niels_gpt_contracts.rules import RuleDoc
+
+# The rule ids this module emits, each with what SARIF shows of it
+# (``reporters.rule_index`` gathers every module's).
+RULE_DOCS: dict[str, RuleDoc] = {
+    "mutant.survived": RuleDoc(
+        "A catalogued bug was not caught by the stage's tests.",
+        "Each stage's spec lists known bugs (mutants); the tests that claim the stage's "
+        "invariants must fail on every one of them.",
+        "Strengthen the tests (claiming the right invariant) until they fail on the "
+        "mutant; never delete the mutant.",
+    ),
+    "mutant.stale": RuleDoc(
+        "A catalogued bug no longer applies to the code.",
+        "A mutant's find text must occur in its module exactly as often as it says; when "
+        "the code moves on, the mutant tests nothing until it is rewritten.",
+        "Rewrite the mutant's find/replace against the current source.",
+    ),
+    "mutant.pending": RuleDoc(
+        "A mutant is still marked for re-targeting.",
+        "A maintainers' amendment may mark mutants whose code its stage PR rewrites "
+        "(retarget = true): that PR's verdict reports them NOT RUN. Outside that verdict the "
+        "mark means a known bug goes unchecked, so the mutant gate fails on it.",
+        "Rewrite the mutant's find/replace at the new code (the same bug), prove it killed "
+        "(nox -s mutants -- --stage S) and remove the mark, in a maintainers' commit.",
+    ),
+}
 
 
 def _reason(v: Verdict) -> str:

@@ -1,7 +1,7 @@
 """SARIF 2.1.0 for GitHub code scanning: one run; the tool's rules; one
 result per violation.
 
-Rules: every fixed id of ``rules.RULES``, and every spec-defined rule of the
+Rules: every fixed id of ``rule_index.RULES``, and every spec-defined rule of the
 judged stages as ``static.<id>/<stage>`` (two stages may define
 ``static.dependencies`` with different texts: each keeps its own). Each rule
 has a short and a full description and help, as GitHub requires.
@@ -22,7 +22,8 @@ from typing import Any
 from urllib.parse import quote
 
 from niels_gpt_contracts.reporters.common import ordered, summary
-from niels_gpt_contracts.result import RULES, Result, RuleDoc, Violation
+from niels_gpt_contracts.reporters.rule_index import RULES, rule_doc, spec_rule
+from niels_gpt_contracts.result import Result, RuleDoc, Violation
 from niels_gpt_contracts.spec import spec_path
 
 SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
@@ -68,16 +69,16 @@ def _descriptor(rule_id: str, doc: RuleDoc) -> dict[str, Any]:
 def rule_id(result: Result, v: Violation) -> str:
     """The SARIF rule id of ``v``: a spec-defined rule is qualified by the
     stage whose spec defines it."""
-    own = result.spec_rule(v.rule, v.stage, v.path)
+    own = spec_rule(result, v.rule, v.stage, v.path)
     return f"{v.rule}/{own.stage}" if own is not None else v.rule
 
 
 def _rules(result: Result, violations: list[Violation]) -> list[dict[str, Any]]:
     docs: dict[str, RuleDoc] = dict(RULES)
-    for (stage, rule), spec_rule in result.spec_rules.items():
-        docs[f"{rule}/{stage}"] = spec_rule.doc()
+    for (stage, rule), defined in result.spec_rules.items():
+        docs[f"{rule}/{stage}"] = defined.doc()
     for v in violations:
-        docs.setdefault(rule_id(result, v), result.rule_doc(v.rule, v.stage, v.path))
+        docs.setdefault(rule_id(result, v), rule_doc(result, v.rule, v.stage, v.path))
     return [_descriptor(rid, docs[rid]) for rid in sorted(docs)]
 
 

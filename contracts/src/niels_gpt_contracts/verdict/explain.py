@@ -28,8 +28,22 @@ from typing import Any
 import numpy as np
 
 from niels_gpt_contracts.result import Violation
+from niels_gpt_contracts.rules import RuleDoc
 from niels_gpt_contracts.sandbox.oracle_run import Call
 from niels_gpt_contracts.spec import Spec
+
+# The rule ids this module emits, each with what SARIF shows of it
+# (``reporters.rule_index`` gathers every module's).
+RULE_DOCS: dict[str, RuleDoc] = {
+    "oracle.follows": RuleDoc(
+        "A stage that calls the changed one fails the oracle too.",
+        "A stage that depends on the stage the PR changes calls its code, so a change of "
+        "behaviour there shows up in every dependant's calls. One line per dependant says "
+        "so instead of repeating the numbers against files the PR never touched; the "
+        "changed stage's own rows say what broke.",
+        "Fix the changed stage's rows; the dependants' follow.",
+    ),
+}
 
 FOLLOWS = "oracle.follows"
 SIZE = re.compile(r"(?<![\w.])(B|T|t|scale)[= ](\d+(?:\.\d+)?)")  # not cfg.T=

@@ -37,12 +37,25 @@ from niels_gpt_contracts.checks import pr_context
 from niels_gpt_contracts.checks.modules import namespaces
 from niels_gpt_contracts.errors import ConfigError
 from niels_gpt_contracts.result import BROKEN, KEPT, NOT_RUN, Outcome, Violation
+from niels_gpt_contracts.rules import RuleDoc
 from niels_gpt_contracts.sandbox import oracle_run, workspace
 from niels_gpt_contracts.sandbox.environment import Sandbox
 from niels_gpt_contracts.sandbox.oracle_run import Job, Stream
 from niels_gpt_contracts.spec import Spec
 from niels_gpt_contracts.verdict import explain, oracle_aftermath, plan, repro
 from niels_gpt_contracts.verdict.oracle_compare import Judge, differs_from
+
+# The rule ids this module emits, each with what SARIF shows of it
+# (``reporters.rule_index`` gathers every module's).
+RULE_DOCS: dict[str, RuleDoc] = {
+    "sandbox.tampered": RuleDoc(
+        "A protected file changed while the PR's code ran.",
+        "The checker, the sandbox interpreter and the verdict's workspace are hashed "
+        "before the PR's code runs and checked after; a change means the PR's code "
+        "reached what judges it, and the verdict cannot stand.",
+        "Find what in the PR writes outside its own files, and remove it.",
+    ),
+}
 
 CHECK = "oracle:cpu"
 

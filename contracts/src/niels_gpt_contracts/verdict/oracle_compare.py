@@ -18,9 +18,41 @@ from collections.abc import Set as AbstractSet
 from typing import Any
 
 from niels_gpt_contracts.result import Violation
+from niels_gpt_contracts.rules import RuleDoc
 from niels_gpt_contracts.sandbox.oracle_run import Call, Stream
 from niels_gpt_contracts.spec import Spec
 from niels_gpt_contracts.verdict import explain, tolerance
+
+# The rule ids this module emits, each with what SARIF shows of it
+# (``reporters.rule_index`` gathers every module's).
+RULE_DOCS: dict[str, RuleDoc] = {
+    "oracle.differs": RuleDoc(
+        "The PR's code answers an oracle call unlike the base's code.",
+        "The checker drives each closure stage's public API with inputs drawn from a "
+        "secret per-verdict seed over the spec's whole domain, in a plain Python process "
+        "that looks like a user's, and compares the tensors with the same calls on the "
+        "base's code (or the spec's float64 reference) within dtype-derived bounds. A "
+        "difference beyond the bound, another exception type or other outputs is a "
+        "change of behaviour that no test has to catch.",
+        "Reproduce it with the call and inputs the message names (contracts pr "
+        "--oracle-seed N replays the seed); make the code compute what the base's does.",
+    ),
+    "oracle.invariant": RuleDoc(
+        "An invariant the oracle checks does not hold on the PR's code.",
+        "Where no second implementation can stand in (dropout in training), the oracle's "
+        "driver checks the spec's invariants between calls: later tokens never change "
+        "earlier outputs, rows of a batch are independent, a padded row equals the row "
+        "alone, a cached call equals the uncached one, probabilities are causal.",
+        "Reproduce the two calls the message names and make the invariant hold.",
+    ),
+    "oracle.error": RuleDoc(
+        "The oracle could not get an answer from the PR's code.",
+        "The PR's worker must import every stage of the tree and run every driver to its "
+        "end; a crash, a time-out or an unreadable answer is not evidence that the code "
+        "is right, so it counts against the PR.",
+        "Read the error in the message; import the stage as a user would and run the call.",
+    ),
+}
 
 MAX_PER_STAGE = 3  # violations reported per stage: the first differing calls
 

@@ -20,7 +20,37 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from niels_gpt_contracts.result import Violation
+from niels_gpt_contracts.rules import RuleDoc
 from niels_gpt_contracts.sandbox.pytest_run import PytestRun
+
+# The rule ids this module emits, each with what SARIF shows of it
+# (``reporters.rule_index`` gathers every module's).
+RULE_DOCS: dict[str, RuleDoc] = {
+    "tests.failed": RuleDoc(
+        "A test fails on the PR's code.",
+        "The base's tests of the stage and of its dependants, the maintainers' acceptance "
+        "tests and the PR's own tests all run over the PR's code; every one must pass.",
+        "Run the named test on the PR's code and fix the failure.",
+    ),
+    "tests.skipped": RuleDoc(
+        "A reference test skips on the PR's code.",
+        "A reference test that runs on the base's code but skips on the PR's proves "
+        "nothing there, so it counts as broken.",
+        "Make the test run on the PR's code again (see why it skips).",
+    ),
+    "tests.missing": RuleDoc(
+        "A reference test never runs on the PR's code.",
+        "Each test the base collects must run on the PR's code; one that disappears "
+        "(renamed, deselected, not collected) proves nothing.",
+        "Restore the test, or keep it collectable under its name.",
+    ),
+    "tests.error": RuleDoc(
+        "A test run of the verdict could not be read.",
+        "A collection error, a time limit or a missing report leaves unknown what the run "
+        "would have proved, so nothing in it counts as passed.",
+        "Fix the error the message shows and run again.",
+    ),
+}
 
 
 @dataclass(frozen=True)
