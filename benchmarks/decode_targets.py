@@ -33,10 +33,16 @@ def padded_ratio(res: dict[str, Any]) -> tuple[float, str]:
     return tps[PLAIN] / tps[PADDED], "the rows' medians"
 
 
+def share_of_floor(bytes_per_token: float, tokens_per_s: float, read_per_s: float) -> float:
+    """The bandwidth a decoder implies (bytes a token times tokens/s) over the machine's
+    read bandwidth ``read_per_s`` (bytes/s): 1.0 decodes at the floor."""
+    return float(bytes_per_token * tokens_per_s / read_per_s)
+
+
 def floor_fraction(res: dict[str, Any], name: str) -> float:
     """Row ``name``'s tokens/s as a fraction of the run's bandwidth floor (needs ``floor``)."""
     tps, floor = res["tokens_per_s"], res["floor"]
-    return float(floor["bytes_per_token"][name] * tps[name] / floor["bandwidth"]["sum"])
+    return share_of_floor(floor["bytes_per_token"][name], tps[name], floor["bandwidth"]["sum"])
 
 
 def targets(res: dict[str, Any]) -> list[tuple[str, bool, str]]:

@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from benchmarks.decode_targets import share_of_floor
 from niels_gpt.config import ModelConfig
 
 MB = 1e6
@@ -154,6 +155,7 @@ def floor_lines(per_token: dict[str, float], tps: dict[str, float],
         fits = "  fits" if nbytes < cache else ""
         lines.append(
             f"    {name:32s}{nbytes / MB:7.1f} MB/token  {implied / GB:6.2f} GB/s  "
-            f"{implied / read:6.1%} of floor  (floor {read / nbytes:6.1f} tok/s){fits}"
+            f"{share_of_floor(nbytes, tps[name], read):6.1%} of floor  "
+            f"(floor {read / nbytes:6.1f} tok/s){fits}"
         )
     return lines
