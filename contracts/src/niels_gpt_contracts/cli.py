@@ -33,7 +33,6 @@ from niels_gpt_contracts.arguments import (
     build_parser,
     pre_push_refs,
 )
-from niels_gpt_contracts.checks.gate import Request, run
 from niels_gpt_contracts.errors import ConfigError, SpecErrors
 from niels_gpt_contracts.mutants import report as mutants_report
 from niels_gpt_contracts.mutants import runner as mutants_runner
@@ -44,6 +43,7 @@ from niels_gpt_contracts.sandbox import processes
 from niels_gpt_contracts.sandbox.environment import build
 from niels_gpt_contracts.verdict import pr as pr_verdict
 from niels_gpt_contracts.verdict.state import PrRequest
+from niels_gpt_contracts.verdict.static_verdict import Request, run
 
 # The exit statuses and the parser are defined in ``arguments``, and named here too.
 __all__ = ["EXIT_BROKEN", "EXIT_ERROR", "EXIT_KEPT", "build_parser", "main"]

@@ -1,6 +1,7 @@
 """The checks: each takes a spec and trees, and returns violations.
 
-``gate`` runs them in order and builds the ``Result``; the other modules are
-one check kind each (paths, line-scoped permissions, API, static rules,
-invariant coverage, device outcomes).
+One check kind a module (paths, line-scoped permissions, API, static rules,
+invariant coverage, device outcomes, amendments). None runs the others or
+builds a ``Result``: ``verdict.static_verdict`` composes them for
+``contracts check``, ``verdict.pr`` for ``contracts pr``.
 """

@@ -2,7 +2,7 @@
 
 A ``Phase`` is a name, the rows (checks) it gives, and a function of the
 verdict's state that returns (or yields) ``Outcome`` rows; it may also append
-rows to ``state.result`` itself (the ``checks.gate`` helpers do). ``run``
+rows to ``state.result`` itself (the ``static_verdict`` helpers do). ``run``
 runs the phases in order and, for each one:
 
 - hands every new row to ``on_row`` as soon as it is there, with the

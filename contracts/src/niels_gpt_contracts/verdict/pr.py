@@ -46,7 +46,6 @@ from niels_gpt_contracts.checks import (
     amendment,
     api,
     devices,
-    gate,
     importers,
     invariants,
     pr_context,
@@ -58,7 +57,16 @@ from niels_gpt_contracts.result import Outcome, Result, Violation
 from niels_gpt_contracts.sandbox import confine, env_trust, processes, runtime_probe, workspace
 from niels_gpt_contracts.sandbox.environment import Sandbox
 from niels_gpt_contracts.spec import Rule
-from niels_gpt_contracts.verdict import evidence, files, integrity, pipeline, plan, runtime, testing
+from niels_gpt_contracts.verdict import (
+    evidence,
+    files,
+    integrity,
+    pipeline,
+    plan,
+    runtime,
+    static_verdict,
+    testing,
+)
 from niels_gpt_contracts.verdict.mutation import CACHE_NAME, run_mutants
 from niels_gpt_contracts.verdict.pipeline import Phase
 from niels_gpt_contracts.verdict.state import PrRequest, Say, State
@@ -95,7 +103,7 @@ def static_phase(v: State) -> None:
     taken from the head.
     """
     ctx = v.ctx
-    gate.judge_pr_static(ctx, v.result)
+    static_verdict.judge_pr_static(ctx, v.result)
     rejected = {x.path for x in v.result.violations if x.path is not None}
     v.plan = plan.make_plan(
         ctx.spec,
@@ -106,10 +114,10 @@ def static_phase(v: State) -> None:
         rejected,
         importers.uses(ctx.specs, ctx.base_tree),
     )
-    gate.add_rule_texts(v.result, v.plan.closure)
+    static_verdict.add_rule_texts(v.result, v.plan.closure)
     v.claims = invariants.scan_claims(ctx.head_tree)
     v.claims += invariants.scan_claims(ctx.base_tree, v.plan.reference_from_base)
-    gate.stage_checks(
+    static_verdict.stage_checks(
         v.result, v.ctx.spec, v.ctx.specs, v.ctx.head_tree, v.claims, None, v.ctx.changed_lines
     )
 

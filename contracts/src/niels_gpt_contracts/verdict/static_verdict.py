@@ -1,4 +1,4 @@
-"""Run the checks and build one ``Result``.
+"""The verdict of ``contracts check``: run the checks and build one ``Result``.
 
 Two modes:
 
