@@ -1,6 +1,6 @@
 """The public API check: import each listed object and compare it with the spec.
 
-The import happens in a fresh interpreter (``_probe.py``) whose path starts
+The import happens in a fresh interpreter (``_api_probe.py``) whose path starts
 with the ``packages/*/src`` roots of the tree under check, so the working tree,
 or a commit written out to a temporary directory, is what gets inspected.
 
@@ -80,7 +80,7 @@ RULE_DOCS: dict[str, RuleDoc] = {
     ),
 }
 
-PROBE = Path(__file__).with_name("_probe.py")
+PROBE = Path(__file__).with_name("_api_probe.py")
 SRC_FILES = compile_patterns(["/packages/*/src/**/*.py"])
 TIMEOUT_S = 300
 

@@ -3,7 +3,7 @@
 ``inspect.signature`` believes an assigned ``__signature__`` and a decorator's
 ``__wrapped__``; the ``def`` statement does not lie. For every function and
 method the spec pins, the probe reports where the running code was written
-(file, first line, name, see ``_probe.code_origin``). This module finds that
+(file, first line, name, see ``_api_probe.code_origin``). This module finds that
 ``def`` in the tree with ``ast`` and reads its signature (the comparison
 with the spec is done on the inspected one, in ``api``):
 

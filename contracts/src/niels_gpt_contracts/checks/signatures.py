@@ -4,7 +4,7 @@ A signature is ``{"params": [[name, kind, default, annotation], ...], "return": 
 with ``kind`` an ``inspect.Parameter`` kind name and every expression spelled
 canonically (``ast.parse`` then ``ast.unparse``, quoted annotations unquoted), so
 ``"str|torch.device"`` and ``str | torch.device`` are equal. The import probe
-(``_probe.py``) writes the same form from ``inspect.signature``.
+(``_api_probe.py``) writes the same form from ``inspect.signature``.
 """
 
 from __future__ import annotations

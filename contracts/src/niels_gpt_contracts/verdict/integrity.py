@@ -25,7 +25,7 @@ from niels_gpt_contracts.sandbox.environment import Snapshot
 # they import what the checker does not depend on (pytest, torch). The guard
 # still hashes their files.
 SANDBOX_ONLY = (
-    "_probe",
+    "_api_probe",
     "_name_probe",
     "_runtime_probe",
     "_bootstrap_site",
