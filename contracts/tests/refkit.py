@@ -52,7 +52,7 @@ def drawn_seed() -> int:
     raw = os.environ.get(SEED_VARIABLE)
     if raw is None:
         seed = random.SystemRandom().randrange(1, 2**62)
-    elif raw.isdigit() and int(raw) > 0:
+    elif raw.isascii() and raw.isdigit() and int(raw) > 0:
         seed = int(raw)
     else:
         raise ValueError(f"{SEED_VARIABLE} must be a positive decimal integer, found {raw!r}")
