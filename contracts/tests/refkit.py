@@ -26,6 +26,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from niels_gpt_contracts.result import Violation
 from niels_gpt_contracts.sandbox import oracle_run
 from niels_gpt_contracts.sandbox.environment import Sandbox
@@ -58,6 +60,21 @@ def drawn_seed() -> int:
         raise ValueError(f"{SEED_VARIABLE} must be a positive decimal integer, found {raw!r}")
     print(f"drawn seed {seed}; rerun with {SEED_VARIABLE}={seed}")
     return seed
+
+
+def fixed_and_drawn(fixed: int) -> list[Any]:
+    """``pytest.mark.parametrize`` values for a test run at ``fixed`` (id ``"<fixed>"``)
+    and at a drawn seed (id ``"drawn"``, marked ``reseeded``: ``.ci/run --full``).
+
+    The drawn case passes None; the test turns it into a seed with ``seed_for``.
+    """
+    drawn = pytest.param(None, id="drawn", marks=pytest.mark.reseeded)
+    return [pytest.param(fixed, id=str(fixed)), drawn]
+
+
+def seed_for(seed: int | None) -> int:
+    """A ``fixed_and_drawn`` value as a seed: the fixed one, or one drawn now."""
+    return drawn_seed() if seed is None else seed
 
 
 def specs() -> dict[str, Spec]:

@@ -36,11 +36,9 @@ def _answered(main: domainkit.Stream) -> None:
     assert domainkit.judged(STAGE, main, main) == []  # every invariant holds on main
 
 
-@pytest.mark.parametrize(
-    "seed", [pytest.param(3, id="3"), pytest.param(None, id="drawn", marks=pytest.mark.reseeded)]
-)
+@pytest.mark.parametrize("seed", refkit.fixed_and_drawn(3))
 def test_main_answers_every_domain_call(tmp_path: Path, seed: int | None) -> None:
-    main, _ = domainkit.answers(STAGE, seed or refkit.drawn_seed(), tmp_path)
+    main, _ = domainkit.answers(STAGE, refkit.seed_for(seed), tmp_path)
     _answered(main)
 
 

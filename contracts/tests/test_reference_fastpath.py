@@ -18,14 +18,9 @@ import refnarrow
 KERNEL = "packages/fastpath/src/niels_gpt/model/fastpath/__init__.py"
 
 
-def test_main_agrees(tmp_path: Path) -> None:
-    got, want = refkit.answers("fastpath", 7, tmp_path)
-    assert refkit.judged("fastpath", got, want) == []
-
-
-@pytest.mark.reseeded
-def test_main_agrees_at_a_drawn_seed(tmp_path: Path) -> None:
-    got, want = refkit.answers("fastpath", refkit.drawn_seed(), tmp_path)
+@pytest.mark.parametrize("seed", refkit.fixed_and_drawn(7))
+def test_main_agrees(tmp_path: Path, seed: int | None) -> None:
+    got, want = refkit.answers("fastpath", refkit.seed_for(seed), tmp_path)
     assert refkit.judged("fastpath", got, want) == []
 
 

@@ -19,14 +19,9 @@ SAMPLING = "packages/kv_cache/src/niels_gpt/model/_kv_sampling/__init__.py"
 GENERATE = "packages/kv_cache/src/niels_gpt/model/kv_cache/__init__.py"
 
 
-def test_main_agrees(tmp_path: Path) -> None:
-    got, want = refkit.answers("kv_cache", 7, tmp_path)
-    assert refkit.judged("kv_cache", got, want) == []
-
-
-@pytest.mark.reseeded
-def test_main_agrees_at_a_drawn_seed(tmp_path: Path) -> None:
-    got, want = refkit.answers("kv_cache", refkit.drawn_seed(), tmp_path)
+@pytest.mark.parametrize("seed", refkit.fixed_and_drawn(7))
+def test_main_agrees(tmp_path: Path, seed: int | None) -> None:
+    got, want = refkit.answers("kv_cache", refkit.seed_for(seed), tmp_path)
     assert refkit.judged("kv_cache", got, want) == []
 
 

@@ -19,14 +19,9 @@ PADDING = "packages/padding/src/niels_gpt/model/padding/__init__.py"
 FRAME = "packages/padding/src/niels_gpt/model/_padding_frame/__init__.py"
 
 
-def test_main_agrees(tmp_path: Path) -> None:
-    got, want = refkit.answers("padding", 7, tmp_path)
-    assert refkit.judged("padding", got, want) == []
-
-
-@pytest.mark.reseeded
-def test_main_agrees_at_a_drawn_seed(tmp_path: Path) -> None:
-    got, want = refkit.answers("padding", refkit.drawn_seed(), tmp_path)
+@pytest.mark.parametrize("seed", refkit.fixed_and_drawn(7))
+def test_main_agrees(tmp_path: Path, seed: int | None) -> None:
+    got, want = refkit.answers("padding", refkit.seed_for(seed), tmp_path)
     assert refkit.judged("padding", got, want) == []
 
 

@@ -16,11 +16,9 @@ from refnarrow import mutant_edit
 STAGE = "rope"
 
 
-@pytest.mark.parametrize(
-    "seed", [pytest.param(7, id="7"), pytest.param(None, id="drawn", marks=pytest.mark.reseeded)]
-)
+@pytest.mark.parametrize("seed", refkit.fixed_and_drawn(7))
 def test_main_agrees(tmp_path: Path, seed: int | None) -> None:
-    got, want = refkit.answers(STAGE, seed or refkit.drawn_seed(), tmp_path)
+    got, want = refkit.answers(STAGE, refkit.seed_for(seed), tmp_path)
     assert len(want.calls) > 50, sorted(want.calls)  # every axis but the errors is answered
     assert refkit.judged(STAGE, got, want) == []
 
