@@ -16,6 +16,7 @@ import importlib
 import inspect
 import json
 import os
+import pkgutil
 import sys
 from typing import Any
 
@@ -185,19 +186,56 @@ def probe(entry: dict[str, Any], roots: list[str], tree: str) -> dict[str, Any]:
     if entry.get("exports"):
         exported = getattr(obj, "__all__", None)
         out["all"] = list(exported) if isinstance(exported, (list, tuple)) else None
-        out["public"] = sorted(
-            name
-            for name, value in vars(obj).items()
-            if not name.startswith("_")
-            and (inspect.isclass(value) or inspect.isfunction(inspect.unwrap(value)))
-            and getattr(value, "__module__", None) == obj.__name__
-        )
+        out["public"] = sorted(public_definitions(obj))
     if entry.get("same_as"):
         try:
             out["same"] = resolve(entry["same_as"]) is obj
         except (ImportError, AttributeError) as err:
             out["same_error"] = f"{entry['same_as']}: {type(err).__name__}: {err}"
     return out
+
+
+def _defined_in(value: Any, module: str) -> bool:
+    """Whether ``value`` is a class or function whose code is ``module``'s or,
+    ``module`` being a package, one of its own modules'."""
+    if not (inspect.isclass(value) or inspect.isfunction(inspect.unwrap(value))):
+        return False
+    owner = getattr(value, "__module__", None)
+    return isinstance(owner, str) and (owner == module or owner.startswith(module + "."))
+
+
+def public_definitions(module: Any) -> set[str]:
+    """Public classes and functions a module defines, as the names to export.
+
+    A plain module: its public names bound to its own definitions. A package
+    (a stage's ``__init__.py`` re-exporting its named modules): the public names
+    it binds to definitions of any of its modules, plus, for each public module
+    beside its ``__init__.py`` (found on disk, not through ``__path__``, which
+    the code could rebind), that module's own public definitions the package
+    does not bind under the same name, as ``module.name``: reachable at their
+    own import path, they are public API too. Private (``_x``) modules count
+    only through what the package binds. A module that fails to import is
+    reported as ``module (import failed: Error)``, so the exports check fails.
+    """
+    name = module.__name__
+    found = {
+        n for n, value in vars(module).items() if not n.startswith("_") and _defined_in(value, name)
+    }
+    where = getattr(module, "__file__", None)
+    if not (isinstance(where, str) and os.path.basename(where) == "__init__.py"):
+        return found
+    for info in sorted(pkgutil.iter_modules([os.path.dirname(where)]), key=lambda i: i.name):
+        if info.name.startswith("_"):
+            continue
+        try:
+            sub = importlib.import_module(f"{name}.{info.name}")
+        except Exception as err:  # a module of the stage that does not import
+            found.add(f"{info.name} (import failed: {type(err).__name__})")
+            continue
+        for inner in public_definitions(sub):
+            if "." in inner or getattr(module, inner, None) is not getattr(sub, inner, None):
+                found.add(f"{info.name}.{inner}")
+    return found
 
 
 def main() -> None:
