@@ -16,6 +16,7 @@ import pytest
 from gatekit import Repo, rules, valid_report
 
 from niels_gpt_contracts.checks.evidence_diff import compare_file
+from niels_gpt_contracts.checks.reexports import reexports_only
 from niels_gpt_contracts.checks.spec_diff import classify, worst
 from niels_gpt_contracts.cli import main
 from niels_gpt_contracts.spec import import_name
@@ -346,3 +347,103 @@ def test_a_module_and_a_package_of_its_own_have_one_import_name() -> None:
     assert import_name("niels_gpt/model/rope.py") == "niels_gpt.model.rope"
     assert import_name("niels_gpt/model/rope/__init__.py") == "niels_gpt.model.rope"
     assert import_name("niels_gpt/model/_x/__init__.py") == "niels_gpt.model._x"
+
+
+# --- a package's code moved out of its __init__.py (issue 31, named modules) ----------
+
+PKG = "packages/alpha/src/ngx/alpha_mod"
+REEXPORT = (
+    '"""Alpha: the code is in ``core``."""\n\nfrom __future__ import annotations\n\n'
+    'from ngx.alpha_mod.core import Thing, rotate\n\n__all__ = ["Thing", "rotate"]\n'
+)
+
+
+def _alpha_as_a_package_on_main(repo: Repo) -> None:
+    """Main's alpha module becomes ``ngx/alpha_mod/__init__.py``; the PR branch restarts there."""
+    repo.git("checkout", "-q", "main")
+    repo.root.joinpath(PKG).mkdir()
+    repo.git("mv", "packages/alpha/src/ngx/alpha_mod.py", f"{PKG}/__init__.py")
+    repo.write(f"{PKG}/py.typed", "")
+    repo.replace(ALPHA, 'modules = ["ngx/alpha_mod.py"]', 'modules = ["ngx/alpha_mod/__init__.py"]')
+    repo.commit("alpha: a package of its own")
+    repo.git("checkout", "-q", "-B", "pr", "main")
+
+
+def _split(repo: Repo, init: str = REEXPORT, named: str | None = None) -> None:
+    code = repo.read(f"{PKG}/__init__.py")
+    repo.write(f"{PKG}/core.py", code if named is None else named)
+    repo.write(f"{PKG}/__init__.py", init)
+    _amend(
+        repo,
+        'modules = ["ngx/alpha_mod/__init__.py"]',
+        'modules = ["ngx/alpha_mod/__init__.py", "ngx/alpha_mod/core.py"]',
+        "1.1.0",
+    )
+
+
+def test_code_moved_verbatim_out_of_an_init_into_a_named_module_is_an_amendment(
+    repo: Repo,
+) -> None:
+    _alpha_as_a_package_on_main(repo)
+    _split(repo)
+    code, out = _judge(repo)
+    assert code == 0, out
+    assert _row(out)["summary"].startswith("ADDITIVE 1.0.0 -> 1.1.0: module +ngx/alpha_mod/core.py")
+    code, out = repo.gate_json()  # the tree, API included: the package exports core's code
+    assert code == 0, out["violations"]
+
+
+def test_a_split_that_edits_the_code_is_not_an_amendment(repo: Repo) -> None:
+    _alpha_as_a_package_on_main(repo)
+    edited = repo.read(f"{PKG}/__init__.py").replace("n = turns % len(x)", "n = 0")
+    _split(repo, named=edited)
+    code, out = _judge(repo)
+    assert code == 1
+    found = rules(out)
+    assert ("amendment.path", f"{PKG}/__init__.py") in found
+    assert ("amendment.path", f"{PKG}/core.py") in found
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        "print('imported')\n",
+        "import os\n",
+        "from os import path\n",
+        "from ngx.beta_mod import use\n",
+        "if True:\n    from ngx.alpha_mod.core import rotate\n",
+        "def rotate(x):\n    return x\n",
+    ],
+)
+def test_an_init_that_does_more_than_reexport_is_not_an_amendment(repo: Repo, extra: str) -> None:
+    _alpha_as_a_package_on_main(repo)
+    _split(repo, init=REEXPORT + extra)
+    code, out = _judge(repo)
+    assert code == 1
+    assert ("amendment.path", f"{PKG}/__init__.py") in rules(out)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ('"""Doc."""\nfrom __future__ import annotations\nfrom p.q.m import a, b\n', True),
+        ("from .m import a\n__all__ = ['a']\n", True),
+        ("from p.q.m import a as a\n__all__ = ('a',)\n", True),
+        ("from p.q.m import *\n", False),
+        ("from p.q.m import a as b\n", False),
+        ("from p.q.m.deeper import a\n", False),
+        ("from p.q import m\n", False),
+        ("from p.qx.m import a\n", False),
+        ("from ..m import a\n", False),
+        ("from . import m\n", False),
+        ("import p.q.m\n", False),
+        ("from p.q.m import a\n__all__ = ['a']\n__all__ = ['a']\n", False),
+        ("from p.q.m import a\n__all__ = ['a'] + []\n", False),
+        ("from p.q.m import a\n__all__: list[str] = ['a']\n", False),
+        ("x = 1\n", False),
+        ("from p.q.m import (\n", False),
+        (None, False),
+    ],
+)
+def test_what_counts_as_reexporting_only(text: str | None, expected: bool) -> None:
+    assert reexports_only(text, "p.q") is expected

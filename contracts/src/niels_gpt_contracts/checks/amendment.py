@@ -19,7 +19,9 @@ the named stages' ``specs/<stage>.toml`` and ``specs/<stage>/``, the spec kit
 ``specs/_kit/`` when it names every stage that loads it (``checks.speckit``), plus
 ``packages/<stage>/tests/`` of a declared break, and under their ``src/``
 only moves that change no code (a file renamed with its content unchanged,
-an empty ``py.typed`` marker added or removed): a contributor cannot pass
+a package's code moved verbatim from its ``__init__.py`` into one named module
+beside it, leaving an ``__init__.py`` that only re-exports, and an empty
+``py.typed`` marker added or removed): a contributor cannot pass
 code off as an amendment, and the schema is the checker's, not a stage's.
 The head's specs are validated with the base's schema. Who may amend is
 decided outside the gate (review of ``specs/``); the gate judges what.
@@ -38,13 +40,21 @@ from niels_gpt_contracts.checks import speckit
 from niels_gpt_contracts.checks.coverage import check_coverage
 from niels_gpt_contracts.checks.evidence_diff import compare_file
 from niels_gpt_contracts.checks.loading import load_specs
+from niels_gpt_contracts.checks.reexports import reexports_only
 from niels_gpt_contracts.checks.spec_diff import Change, classify, worst
 from niels_gpt_contracts.errors import ConfigError, SpecErrors
 from niels_gpt_contracts.gitdiff import Change as PathChange
 from niels_gpt_contracts.gitdiff import GitRepo, RevisionTree, Tree, WorkingTree
 from niels_gpt_contracts.result import BROKEN, KEPT, Outcome, Result, Violation
 from niels_gpt_contracts.rules import RuleDoc
-from niels_gpt_contracts.spec import SCHEMA_PATH, SPECS_DIR, Spec, load_schema, parse_spec
+from niels_gpt_contracts.spec import (
+    SCHEMA_PATH,
+    SPECS_DIR,
+    Spec,
+    import_name,
+    load_schema,
+    parse_spec,
+)
 
 # The rule ids this module emits, each with what SARIF shows of it
 # (``reporters.rule_index`` gathers every module's).
@@ -200,12 +210,33 @@ class _Judge:
         return [*rows, Outcome(stage, "amendment", BROKEN if found else KEPT, summary, found)]
 
 
+def _split(j: _Judge, changes: list[PathChange], srcs: tuple[str, ...]) -> set[str]:
+    """A package's code moved verbatim out of its ``__init__.py`` into a module added
+    beside it, the ``__init__.py`` left re-exporting only (``checks.reexports``): both
+    paths. Git shows the pair as the ``__init__.py`` modified and the module added."""
+    added = {c.path for c in changes if c.status == "A" and c.path.endswith(".py")}
+    out: set[str] = set()
+    for c in changes:
+        if c.status != "M" or not c.path.endswith("/__init__.py") or not c.path.startswith(srcs):
+            continue
+        before = j.before.read(c.path)
+        folder = c.path.removesuffix("__init__.py")
+        moved = [p for p in added if p.startswith(folder) and "/" not in p[len(folder) :]]
+        verbatim = [p for p in moved if before is not None and j.after.read(p) == before]
+        src = next(s for s in srcs if c.path.startswith(s))
+        package = import_name(c.path.removeprefix(src))
+        if len(verbatim) == 1 and reexports_only(j.after.read(c.path), package):
+            out |= {c.path, verbatim[0]}
+    return out
+
+
 def _moves(j: _Judge, changes: list[PathChange], named: set[str]) -> set[str]:
     """Paths under a named stage's ``src/`` that change no code: a file renamed with its
-    content unchanged (a module that becomes a package of its own), and an empty
-    ``py.typed`` marker added or removed (PEP 561)."""
+    content unchanged (a module that becomes a package of its own), a package's code
+    moved verbatim from its ``__init__.py`` into a named module (``_split``), and an
+    empty ``py.typed`` marker added or removed (PEP 561)."""
     srcs = tuple(f"{j.specs[s].src}/" for s in named if s in j.specs)
-    out: set[str] = set()
+    out: set[str] = _split(j, changes, srcs)
     for c in changes:
         if not all(p.startswith(srcs) for p in c.paths()):
             continue
