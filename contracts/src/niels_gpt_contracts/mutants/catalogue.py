@@ -10,11 +10,14 @@ The patched module is never written into the working tree. It goes to an
 overlay directory that mirrors its import path (``<overlay>/niels_gpt/model/
 rope.py`` for ``packages/rope/src/niels_gpt/model/rope.py``); put first on
 ``PYTHONPATH``, that copy wins over the installed one because ``niels_gpt`` and
-``niels_gpt.model`` are PEP 420 namespace packages.
+``niels_gpt.model`` are PEP 420 namespace packages. A module inside a regular
+package (a stage's named module, ``attention/causal.py``) takes a copy of that
+package with it, since Python finds the module through its package.
 """
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -157,9 +160,27 @@ def compile_problem(mutant: Mutant, source: str) -> str | None:
     return None
 
 
-def write_overlay(mutant: Mutant, source: str, overlay: Path) -> Path:
-    """Write the mutated module under ``overlay`` at its import path; return its path."""
+def write_overlay(mutant: Mutant, source: str, overlay: Path, sources: Path | None = None) -> Path:
+    """Write the mutated module under ``overlay`` at its import path; return its path.
+
+    A module inside a regular package (a stage's named module beside the
+    ``__init__.py`` that re-exports it) is found through its package, and the
+    tree's package would win over a bare directory in the overlay: so the
+    outermost regular package around the module (the first directory below the
+    namespace packages that has an ``__init__.py``) is first copied whole from
+    ``sources``, the tree that holds ``mutant.file``, and the mutated module then
+    written over its copy.
+    """
     target = overlay / mutant.module_path
+    if sources is not None:
+        src = sources / (mutant.file.split(SRC_MARKER, 1)[0] + SRC_MARKER.rstrip("/"))
+        parts = Path(mutant.module_path).parts[:-1]
+        for depth in range(1, len(parts) + 1):
+            package = src.joinpath(*parts[:depth])
+            if (package / "__init__.py").is_file():
+                skip = shutil.ignore_patterns("__pycache__", "*.pyc")
+                shutil.copytree(package, overlay.joinpath(*parts[:depth]), ignore=skip)
+                break
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(source, encoding="utf-8")
     return target

@@ -189,7 +189,7 @@ class Launcher:
             if overlay_for is not None:
                 mutant, source = overlay_for
                 overlay = work / "overlay"
-                want = str(write_overlay(mutant, source, overlay))
+                want = str(write_overlay(mutant, source, overlay, self.env.sources))
                 module = mutant.module
             args = _pytest_args(self.env, stage, tests, hypothesis)
             if collect:
