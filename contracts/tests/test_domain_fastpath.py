@@ -16,7 +16,7 @@ import pytest
 import refkit
 
 STAGE = "fastpath"
-CODE = "packages/fastpath/src/niels_gpt/model/fastpath/__init__.py"
+CODE = "packages/fastpath/src/niels_gpt/model/fastpath/sdpa.py"
 FIRST = "    T, S = q.shape[-2], k.shape[-2]\n"
 SKEWED = """    if torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16:
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=scale)

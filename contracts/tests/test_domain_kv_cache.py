@@ -15,7 +15,7 @@ import pytest
 import refkit
 
 STAGE = "kv_cache"
-CODE = "packages/kv_cache/src/niels_gpt/model/kv_cache/__init__.py"
+CODE = "packages/kv_cache/src/niels_gpt/model/kv_cache/cache.py"
 
 
 def _leaky(text: str) -> str:

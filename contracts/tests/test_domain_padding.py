@@ -16,7 +16,7 @@ import pytest
 import refkit
 
 STAGE = "padding"
-CODE = "packages/padding/src/niels_gpt/model/padding/__init__.py"
+CODE = "packages/padding/src/niels_gpt/model/padding/padded.py"
 LOSS = (
     '    losses = F.cross_entropy(flat, kept, ignore_index=ignored, reduction="none")  # (B*t,)\n'
 )

@@ -170,7 +170,9 @@ def test_the_reproducer_rebuilds_the_call_and_judges_it_by_the_bound(tmp_path: P
     x = torch.randn(1, 5, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     stream = _captured(partial(attn, x), "sweep/f64/T=5")
     answer = stream.calls[("attention", "sweep/f64/T=5")]
-    modules = {"niels_gpt.model.attention", "niels_gpt.config"}
+    # the stage modules' import names, as the oracle gives them: packages and named modules
+    modules = {"niels_gpt.model.attention", "niels_gpt.model.attention.causal"}
+    modules |= {"niels_gpt.config", "niels_gpt.config.model_config"}
     pick = [explain.Failed("attention", "sweep/f64/T=5", answer.desc, False)]
     script = repro.write(tmp_path / "ok", "attention", pick, stream, {False: stream}, modules)
     assert "niels_gpt_contracts" not in script.read_text()

@@ -14,7 +14,7 @@ from realkit import RealRepo, rows, rules_of
 
 pytestmark = pytest.mark.scenario  # nox -s test-scenarios; .ci/run runs a subset
 
-ATTN = "packages/attention/src/niels_gpt/model/attention/__init__.py"
+ATTN = "packages/attention/src/niels_gpt/model/attention/causal.py"
 BLOCKS = (
     "        QB = self.QUERY_BLOCK  # one block: no range over p, which compiles as a symbolic"
     " size\n"
@@ -80,7 +80,7 @@ def test_skipping_the_mask_fill_where_every_key_is_seen_is_kept(real_repo: RealR
     assert rows(out)["oracle:cpu"] == "KEPT"
 
 
-CALL = "packages/attention/src/niels_gpt/model/_attention_call/__init__.py"
+CALL = "packages/attention/src/niels_gpt/model/_attention_call/call.py"
 KEYS = "        self.keys = torch.zeros(shape, dtype=dtype, device=device)  # (B, H, max_len, D)\n"
 # A user's script: the bytes a GPT's KV caches keep alive once set up.
 CACHE_BYTES = """

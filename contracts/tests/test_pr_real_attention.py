@@ -14,7 +14,7 @@ from realkit import RealRepo, rows, rules_of
 
 pytestmark = pytest.mark.scenario  # nox -s test-scenarios; .ci/run runs a subset
 
-ATTN = "packages/attention/src/niels_gpt/model/attention/__init__.py"
+ATTN = "packages/attention/src/niels_gpt/model/attention/causal.py"
 ATTN_TEST = "packages/attention/tests/test_attention.py"
 INIT_MASK = "        mask = torch.tril(torch.ones(cfg.T, cfg.T, dtype=torch.bool))  # (T, T)\n"
 VISIBLE = "            visible = allowed[:, :, rows, :r1]  # (B or 1, 1, R, r1) view\n"

@@ -8,8 +8,8 @@ from realkit import RealRepo, rows
 
 pytestmark = pytest.mark.scenario  # nox -s test-scenarios; .ci/run runs a subset
 
-ATTN = "packages/attention/src/niels_gpt/model/attention/__init__.py"
-PAD = "packages/padding/src/niels_gpt/model/padding/__init__.py"
+ATTN = "packages/attention/src/niels_gpt/model/attention/causal.py"
+PAD = "packages/padding/src/niels_gpt/model/padding/padded.py"
 
 
 def _kept(repo: RealRepo, *extra: str) -> dict[str, str]:

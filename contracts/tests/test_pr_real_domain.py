@@ -17,8 +17,8 @@ from realkit import RealRepo, rows
 
 pytestmark = pytest.mark.scenario  # nox -s test-scenarios; .ci/run runs a subset
 
-ATTN = "packages/attention/src/niels_gpt/model/attention/__init__.py"
-BLOCK = "packages/block/src/niels_gpt/model/block_v0/__init__.py"
+ATTN = "packages/attention/src/niels_gpt/model/attention/causal.py"
+BLOCK = "packages/block/src/niels_gpt/model/block_v0/block.py"
 SOFTMAX = "            probs = torch.softmax(scores, dim=-1)  # (B, H, R, r1)\n"
 MASK = "        allowed = self.mask[:, :, p:S, :S]  # (1, 1, T, S) view of the tril buffer\n"
 LENGTH = "        check_length(T, self.cfg.T)\n"

@@ -18,7 +18,7 @@ from realkit import RealRepo, rows, rules_of
 
 pytestmark = pytest.mark.scenario  # nox -s test-scenarios; .ci/run runs a subset
 
-ATTN = "packages/attention/src/niels_gpt/model/attention/__init__.py"
+ATTN = "packages/attention/src/niels_gpt/model/attention/causal.py"
 ZERO_ROWS = (
     "            if key_mask is not None:  # a query that sees no key: an all-zero row\n"
     "                probs = probs.masked_fill(~visible.any(-1, keepdim=True), 0.0)"
@@ -60,7 +60,7 @@ def test_a_docstring_pr_keeping_the_bases_bug_is_broken(real_repo: RealRepo) -> 
     assert any("differs from the float64 reference's" in m for m in found), found
 
 
-PADDING = "packages/padding/src/niels_gpt/model/padding/__init__.py"
+PADDING = "packages/padding/src/niels_gpt/model/padding/padded.py"
 PER_TOKEN = "    counted = attention_mask.sum().clamp(min=1)  # 0-d int64, max(N, 1)\n"
 PER_ROW = "    counted = attention_mask.shape[0]  # (a bug: the batch size)\n"
 # A user's script: the padded loss of one real token in a batch of two rows.

@@ -16,7 +16,7 @@ from realkit import RealRepo, rows, rules_of
 
 pytestmark = pytest.mark.scenario  # nox -s test-scenarios; .ci/run runs a subset
 
-KV = "packages/kv_cache/src/niels_gpt/model/kv_cache/__init__.py"
+KV = "packages/kv_cache/src/niels_gpt/model/kv_cache/cache.py"
 KV_TEST = "packages/kv_cache/tests/test_kv_cache.py"
 NEXT = "        x = ids[:, col : col + 1]  # (B, 1): the next step's input\n"
 ANCHOR = "\n\ndef _check_max_len("

@@ -14,7 +14,7 @@ from realkit import RealRepo, rows, rules_of
 
 pytestmark = pytest.mark.scenario  # nox -s test-scenarios; .ci/run runs a subset
 
-ATTN = "packages/attention/src/niels_gpt/model/attention/__init__.py"
+ATTN = "packages/attention/src/niels_gpt/model/attention/causal.py"
 PROJECT = (
     "        y: torch.Tensor = self.resid_dropout(self.proj(out.view(B, T, C)))  # (B, T, C)\n"
 )

@@ -12,8 +12,8 @@ from realkit import RealRepo, rows, rules_of
 
 pytestmark = pytest.mark.scenario  # nox -s test-scenarios; .ci/run runs a subset
 
-PAD = "packages/padding/src/niels_gpt/model/_padding_frame/__init__.py"
-PADDING = "packages/padding/src/niels_gpt/model/padding/__init__.py"
+PAD = "packages/padding/src/niels_gpt/model/_padding_frame/frame.py"
+PADDING = "packages/padding/src/niels_gpt/model/padding/padded.py"
 PAD_TEST = "packages/padding/tests/test_padding.py"
 PAD_KEY = '            "key_mask": cols[None, :] >= pads,  # (B, p + n), True = a real key\n'
 IMPORT = "from niels_gpt.model.attention import attention_modules\n"

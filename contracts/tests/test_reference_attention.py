@@ -15,7 +15,7 @@ def test_main_agrees(tmp_path: Path) -> None:
 
 
 def test_a_wrong_scale_differs(tmp_path: Path) -> None:
-    path = "packages/attention/src/niels_gpt/model/attention/__init__.py"
+    path = "packages/attention/src/niels_gpt/model/attention/causal.py"
     edit = {path: lambda s: s.replace("scale = 1.0 / math.sqrt(D)", "scale = 1.01 / math.sqrt(D)")}
     got, want = refkit.answers("attention", 7, tmp_path, edits=edit)
     found = refkit.judged("attention", got, want)

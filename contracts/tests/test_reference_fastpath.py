@@ -15,7 +15,7 @@ import pytest
 import refkit
 import refnarrow
 
-KERNEL = "packages/fastpath/src/niels_gpt/model/fastpath/__init__.py"
+KERNEL = "packages/fastpath/src/niels_gpt/model/fastpath/sdpa.py"
 
 
 @pytest.mark.parametrize("seed", refkit.fixed_and_drawn(7))

@@ -15,8 +15,8 @@ import pytest
 import refkit
 import refnarrow
 
-SAMPLING = "packages/kv_cache/src/niels_gpt/model/_kv_sampling/__init__.py"
-GENERATE = "packages/kv_cache/src/niels_gpt/model/kv_cache/__init__.py"
+SAMPLING = "packages/kv_cache/src/niels_gpt/model/_kv_sampling/sampling.py"
+GENERATE = "packages/kv_cache/src/niels_gpt/model/kv_cache/cache.py"
 
 
 @pytest.mark.parametrize("seed", refkit.fixed_and_drawn(7))

@@ -15,8 +15,8 @@ import pytest
 import refkit
 import refnarrow
 
-PADDING = "packages/padding/src/niels_gpt/model/padding/__init__.py"
-FRAME = "packages/padding/src/niels_gpt/model/_padding_frame/__init__.py"
+PADDING = "packages/padding/src/niels_gpt/model/padding/padded.py"
+FRAME = "packages/padding/src/niels_gpt/model/_padding_frame/frame.py"
 
 
 @pytest.mark.parametrize("seed", refkit.fixed_and_drawn(7))

@@ -38,7 +38,7 @@ pytestmark = pytest.mark.workflow
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKFLOW = ROOT / ".github" / "workflows" / "contracts.yml"
-STAGE_MODULE = "packages/padding/src/niels_gpt/model/padding/__init__.py"
+STAGE_MODULE = "packages/padding/src/niels_gpt/model/padding/padded.py"
 PR_JOBS = ("contracts", "test-mps", "test-cuda")
 
 
