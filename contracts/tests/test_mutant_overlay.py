@@ -10,15 +10,18 @@ kill. The overlay therefore carries a copy of the whole package.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import tomllib
 
 from niels_gpt_contracts.mutants import zygote
 from niels_gpt_contracts.mutants.catalogue import Mutant, write_overlay
 
+ROOT = Path(__file__).resolve().parents[2]
 FILE = "packages/p/src/ngo/stage/named.py"
 PROBE = """
 import sys
@@ -73,3 +76,44 @@ def test_without_its_package_the_overlay_is_not_imported(tree: Path) -> None:
     overlay = tree / "overlay"
     want = write_overlay(_mutant(), "value = 2\n", overlay)  # the file alone
     assert _imported(tree, overlay, want).startswith("1 overlay not imported")
+
+
+def _found(name: str, path: list[str]) -> str | None:
+    """The file module ``name`` is imported from on ``path``, found as PEP 420 orders it
+    (a regular package or a module in the first entry that has one; namespace portions
+    only where no entry has either), executing nothing."""
+    search, origin = path, None
+    for part in name.split("."):
+        portions = []
+        for entry in search:
+            base = os.path.join(entry, part)
+            if os.path.isfile(os.path.join(base, "__init__.py")):
+                origin, search = os.path.join(base, "__init__.py"), [base]
+                break
+            if os.path.isfile(base + ".py"):
+                origin, search = base + ".py", []
+                break
+            if os.path.isdir(base):
+                portions.append(base)
+        else:
+            if not portions:
+                return None
+            origin, search = None, portions
+    return origin
+
+
+def test_every_mutant_of_the_real_stages_is_found_in_its_overlay(tmp_path: Path) -> None:
+    """Each catalogued file's overlay shadows the tree's module, as the run's import would."""
+    sources = [str(p) for p in sorted(ROOT.glob("packages/*/src"))]
+    files = {m["file"] for spec in ROOT.glob("specs/*.toml") for m in _mutants(spec)}
+    assert len(files) >= 16  # every named module of the stages carries mutants
+    for n, file in enumerate(sorted(files)):
+        mutant = Mutant("s", "m", "", file, "x", "y", None, "s", None)
+        overlay = tmp_path / str(n)
+        want = write_overlay(mutant, (ROOT / file).read_text(), overlay, ROOT)
+        assert _found(mutant.module, [str(overlay), *sources]) == str(want), file
+
+
+def _mutants(spec: Path) -> list[dict[str, str]]:
+    found: list[dict[str, str]] = tomllib.loads(spec.read_text()).get("mutants", [])
+    return found
