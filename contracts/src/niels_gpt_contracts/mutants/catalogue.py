@@ -50,6 +50,11 @@ class Mutant:
         return f"{self.stage}.{self.id}"
 
     @property
+    def src_dir(self) -> str:
+        """The ``src`` directory that holds the file (``packages/<pkg>/src``)."""
+        return self.file.split(SRC_MARKER, 1)[0] + SRC_MARKER.rstrip("/")
+
+    @property
     def module_path(self) -> str:
         """The file's path below its ``src/`` directory (its import path)."""
         return self.file.split(SRC_MARKER, 1)[1]
@@ -173,7 +178,7 @@ def write_overlay(mutant: Mutant, source: str, overlay: Path, sources: Path | No
     """
     target = overlay / mutant.module_path
     if sources is not None:
-        src = sources / (mutant.file.split(SRC_MARKER, 1)[0] + SRC_MARKER.rstrip("/"))
+        src = sources / mutant.src_dir
         parts = Path(mutant.module_path).parts[:-1]
         for depth in range(1, len(parts) + 1):
             package = src.joinpath(*parts[:depth])
