@@ -291,7 +291,7 @@ class Oracle:
             return
         label = f"oracle-call#{self.stage}#{self._index}"
         self.labels[label] = self._name
-        spy = _cast_spy(casts) if any(self._watch[r] for r in rules) else contextlib.nullcontext()
+        spy = cast_spy(casts) if any(self._watch[r] for r in rules) else contextlib.nullcontext()
         cpu = [torch.profiler.ProfilerActivity.CPU]
         if self.profiler is not None:  # collection is on only inside watched calls
             self.profiler.toggle_collection_dynamic(True, cpu)
@@ -303,7 +303,15 @@ class Oracle:
                 self.profiler.toggle_collection_dynamic(False, cpu)
 
 
-def _cast_spy(casts: list[str]) -> contextlib.AbstractContextManager[Any]:
+def _describe(tensor: Any) -> str:
+    return f"{tensor.dtype}@{tensor.device}"
+
+
+def cast_spy(casts: list[str]) -> contextlib.AbstractContextManager[Any]:
+    """A dispatch mode that appends a line to ``casts`` for each copy that changes
+    dtype or device (``aten::copy_``, ``aten::_to_copy``); the copy itself runs.
+    Watched calls use it here; the runtime-rule probe (``_runtime_probe``) loads
+    this file for it too."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class CastSpy(TorchDispatchMode):  # type: ignore[no-untyped-call]
@@ -315,13 +323,13 @@ def _cast_spy(casts: list[str]) -> contextlib.AbstractContextManager[Any]:
             if name == "aten::copy_" and len(args) >= 2:
                 dst, src = args[0], args[1]
                 if (dst.dtype, dst.device) != (src.dtype, src.device):
-                    casts.append(f"aten::copy_ {src.dtype} -> {dst.dtype}")
+                    casts.append(f"aten::copy_ {_describe(src)} -> {_describe(dst)}")
             elif name == "aten::_to_copy" and args:
                 src = args[0]
                 dtype = kwargs.get("dtype") or src.dtype
                 device = kwargs.get("device") or src.device
                 if (dtype, str(device)) != (src.dtype, str(src.device)):
-                    casts.append(f"aten::_to_copy {src.dtype} -> {dtype}@{device}")
+                    casts.append(f"aten::_to_copy {_describe(src)} -> {dtype}@{device}")
             return func(*args, **kwargs)
 
     return CastSpy()  # type: ignore[no-untyped-call]

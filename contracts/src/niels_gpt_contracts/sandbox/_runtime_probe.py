@@ -5,8 +5,9 @@ it loads the maintainer's driver (``specs/<stage>/<file>.py:<function>``, read
 from ``root``) and calls ``driver(device, record)``. Inside every ``with
 record():`` block the torch profiler records the name of each ATen op
 dispatched (composite ops such as ``aten::scaled_dot_product_attention``
-included), and a dispatch mode notes every ``aten::_to_copy`` or
-``aten::copy_`` that changes dtype or device. It prints one JSON object:
+included), and the oracle kit's dispatch mode (``_oracle_kit.cast_spy``,
+loaded from its file) notes every ``aten::_to_copy`` or ``aten::copy_`` that
+changes dtype or device. It prints one JSON object:
 ``{rule id: {"ops": [...], "casts": [...], "blocks": n, "error": str | null}}``.
 """
 
@@ -22,38 +23,16 @@ from pathlib import Path
 from typing import Any
 
 
-def _describe(tensor: Any) -> str:
-    return f"{tensor.dtype}@{tensor.device}"
-
-
-def _spy_class() -> Any:
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class CastSpy(TorchDispatchMode):  # type: ignore[no-untyped-call]
-        """Notes every dtype or device change made by a copy."""
-
-        def __init__(self, casts: list[str]) -> None:
-            super().__init__()  # type: ignore[no-untyped-call]
-            self.casts = casts
-
-        def __torch_dispatch__(
-            self, func: Any, types: Any, args: Any = (), kwargs: Any = None
-        ) -> Any:
-            kwargs = kwargs or {}
-            name = func._schema.name
-            if name == "aten::copy_" and len(args) >= 2:
-                dst, src = args[0], args[1]
-                if (dst.dtype, dst.device) != (src.dtype, src.device):
-                    self.casts.append(f"aten::copy_ {_describe(src)} -> {_describe(dst)}")
-            elif name == "aten::_to_copy" and args:
-                src = args[0]
-                dtype = kwargs.get("dtype") or src.dtype
-                device = kwargs.get("device") or src.device
-                if (dtype, str(device)) != (src.dtype, str(src.device)):
-                    self.casts.append(f"aten::_to_copy {_describe(src)} -> {dtype}@{device}")
-            return func(*args, **kwargs)
-
-    return CastSpy
+def _spy_factory() -> Any:
+    """``cast_spy`` of the oracle kit beside this file (one copy of the dispatch mode)."""
+    path = Path(__file__).with_name("_oracle_kit.py")
+    spec = importlib.util.spec_from_file_location("_contracts_oracle_kit", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {path}")
+    kit = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = kit  # as an import would, before its code runs
+    spec.loader.exec_module(kit)
+    return kit.cast_spy
 
 
 def _driver(root: Path, target: str) -> Any:
@@ -75,7 +54,7 @@ def _probe(rule: dict[str, Any], device: Any, root: Path) -> dict[str, Any]:
     ops: set[str] = set()
     casts: list[str] = []
     blocks = 0
-    spy = _spy_class()
+    spy = _spy_factory()
     activities = [ProfilerActivity.CPU]
     if device.type == "cuda":
         activities.append(ProfilerActivity.CUDA)
