@@ -31,8 +31,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import tomllib
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
 
-__all__ = ["Fingerprint", "owner", "stage_keys", "tree"]
+__all__ = ["Fingerprint", "imported_names", "owner", "stage_keys", "tree"]
 
 PATTERNS = ("packages/*/src", "packages/*/tests", "specs/*/tests", "specs/_kit")
 ROOT_FILES = ("conftest.py", "pyproject.toml")
@@ -93,7 +95,7 @@ def _dependencies(root: Path) -> dict[str, list[str]]:
         except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
             project = {}  # an unreadable file still changes the stage's own key
         stage = path.parent.name
-        names[_canonical(str(project.get("name", "")))] = stage
+        names[canonicalize_name(str(project.get("name", "")))] = stage
         deps = project.get("dependencies", [])
         wanted[stage] = [str(d) for d in deps] if isinstance(deps, list) else []
     return {
@@ -102,13 +104,12 @@ def _dependencies(root: Path) -> dict[str, list[str]]:
     }
 
 
-def _canonical(name: str) -> str:
-    return "-".join(name.lower().replace("_", "-").replace(".", "-").split("-"))
-
-
-def _requirement_name(text: str) -> str:
-    end = next((i for i, ch in enumerate(text) if ch in " ;[<>=!~("), len(text))
-    return _canonical(text[:end])
+def _requirement_name(text: str) -> str | None:
+    """The canonical distribution name a requirement asks for; None if it is not one."""
+    try:
+        return canonicalize_name(Requirement(text).name)
+    except InvalidRequirement:
+        return None
 
 
 def _module_of(rel: tuple[str, ...]) -> str | None:
@@ -118,12 +119,15 @@ def _module_of(rel: tuple[str, ...]) -> str | None:
     return None
 
 
-def _imported(data: bytes) -> set[str]:
-    """Module names a test file imports or names in a string (``import_module("x.y")``)."""
+def imported_names(source: str | bytes, strings: bool = False) -> set[str]:
+    """Every dotted module name an import statement in ``source`` may load (``import
+    a.b``; ``from a import b``: ``a`` and ``a.b``; relative imports left out), and with
+    ``strings`` every string constant too (``import_module("x.y")``). Source that
+    does not parse names nothing."""
     try:
-        parsed = ast.parse(data)
+        parsed = ast.parse(source)
     except (SyntaxError, ValueError):
-        return set()  # its bytes still count in its stage's own key
+        return set()  # a test file's bytes still count in its stage's own key
     found: set[str] = set()
     for node in ast.walk(parsed):
         if isinstance(node, ast.Import):
@@ -131,7 +135,7 @@ def _imported(data: bytes) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
             found.add(node.module)
             found.update(f"{node.module}.{alias.name}" for alias in node.names)
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+        elif strings and isinstance(node, ast.Constant) and isinstance(node.value, str):
             found.add(node.value)
     return found
 
@@ -164,11 +168,11 @@ def _hash(root: Path) -> tuple[str, dict[str, str]]:
         if len(rel) == 1 and rel[0] in ROOT_FILES:
             shared.update(name + b"\0" + data + b"\0")
         if rel[:2] == KIT and path.suffix == ".py":
-            kit_imports.update(_imported(data))
+            kit_imports.update(imported_names(data, strings=True))
         if (module := _module_of(rel)) is not None and stage is not None:
             modules[module] = stage
         if stage is not None and "tests" in rel[2:3] and path.suffix == ".py":
-            imports.setdefault(stage, set()).update(_imported(data))
+            imports.setdefault(stage, set()).update(imported_names(data, strings=True))
             if rel[0] == "specs" and KIT_NAME in data:
                 kit_users.add(stage)
     for path in sorted(root.glob("packages/*/pyproject.toml")):  # not in the tree hash

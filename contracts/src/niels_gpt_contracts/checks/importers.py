@@ -19,10 +19,10 @@ does not parse adds no edge (the static checks judge it).
 
 from __future__ import annotations
 
-import ast
 from collections.abc import Mapping
 
 from niels_gpt_contracts.checks import speckit
+from niels_gpt_contracts.fingerprint import imported_names
 from niels_gpt_contracts.gitdiff import Tree
 from niels_gpt_contracts.spec import Spec, import_name
 
@@ -33,22 +33,6 @@ def _stage_of(path: str, specs: Mapping[str, Spec]) -> str | None:
         if path.startswith((f"{spec.package}/", f"specs/{spec.id}/")):
             return spec.id
     return None
-
-
-def _names(text: str) -> set[str]:
-    """Every dotted module name an import statement in ``text`` may load."""
-    try:
-        tree = ast.parse(text)
-    except (SyntaxError, ValueError):
-        return set()
-    found: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            found.add(node.module)
-            found.update(f"{node.module}.{alias.name}" for alias in node.names)
-    return found
 
 
 def uses(specs: Mapping[str, Spec], tree: Tree) -> dict[str, set[str]]:
@@ -62,10 +46,12 @@ def uses(specs: Mapping[str, Spec], tree: Tree) -> dict[str, set[str]]:
         if text is None:
             continue
         stage = by_stage[path]
-        used = {owner[n] for n in _names(text) if n in owner} - {stage}
+        used = {owner[n] for n in imported_names(text) if n in owner} - {stage}
         edges.setdefault(stage, set()).update(used)
     kit = tree.read_many(speckit.kit_files(files))  # what the spec kit imports, its users use
-    reached = {owner[n] for text in kit.values() if text for n in _names(text) if n in owner}
+    reached = {
+        owner[n] for text in kit.values() if text for n in imported_names(text) if n in owner
+    }
     for stage in speckit.users_in(texts, specs):  # the spec-side files are among those read
         edges.setdefault(stage, set()).update(reached - {stage})
     return edges
