@@ -312,20 +312,20 @@ def test_a_hint_that_is_no_test_never_counts_as_a_kill(tiny: Path) -> None:
 
 
 def test_stop_early_leaves_the_rest_not_run_and_never_killed(tiny: Path) -> None:
-    from niels_gpt_contracts.mutants import report, runner
+    from niels_gpt_contracts.mutants import fates, runner
 
     opts = runner.Options(repo=tiny, only=["untested", "minus", "second"], jobs=1, stop_early=True)
     spec = tiny / "specs/tiny.toml"
     spec.write_text(spec.read_text() + mutant("second", "return", "return -1 *", occurrence=2))
     result = runner.run(opts)
     # In catalogue order, one run at a time: minus dies, untested survives, second waits.
-    assert [(v.mutant.id, v.status) for v in result.verdicts] == [
+    assert [(v.mutant.id, v.status) for v in result.fates] == [
         ("minus", "killed"),
         ("untested", "survived"),
     ]
     assert [m.id for m in result.not_run] == ["second"]
     assert not result.ok
-    assert report.summary(result) == (
+    assert fates.summary(result) == (
         "killed 1/2 (1 survived); 1 not run (stopped at the first mutant not killed)"
     )
 

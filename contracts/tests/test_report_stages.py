@@ -16,7 +16,7 @@ import pytest
 from gatekit import Repo
 
 from niels_gpt_contracts import fingerprint
-from niels_gpt_contracts.report_sections import merge, sections
+from niels_gpt_contracts.device_report import merge, sections
 
 ALPHA_MOD = "packages/alpha/src/ngx/alpha_mod.py"
 BETA_MOD = "packages/beta/src/ngx/beta_mod.py"

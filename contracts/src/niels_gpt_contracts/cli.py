@@ -34,9 +34,8 @@ from niels_gpt_contracts.arguments import (
     pre_push_refs,
 )
 from niels_gpt_contracts.errors import ConfigError, SpecErrors
-from niels_gpt_contracts.mutants import report as mutants_report
 from niels_gpt_contracts.mutants import runner as mutants_runner
-from niels_gpt_contracts.reporters import renderer, stderr_guard
+from niels_gpt_contracts.reporters import mutant_report, renderer, stderr_guard
 from niels_gpt_contracts.reporters.text import progress_lines
 from niels_gpt_contracts.result import Outcome, Result
 from niels_gpt_contracts.sandbox import processes
@@ -65,7 +64,7 @@ def _main_mutants(args: argparse.Namespace) -> int:
 
 
 def _mutants(args: argparse.Namespace) -> int:
-    render = mutants_report.render_json if args.format == "json" else mutants_report.render_text
+    render = mutant_report.render_json if args.format == "json" else mutant_report.render_text
     opts = mutants_runner.Options(
         repo=args.repo,
         stages=list(args.stage),
@@ -85,14 +84,14 @@ def _mutants(args: argparse.Namespace) -> int:
     except ConfigError as err:  # SpecErrors included
         sys.stderr.write(f"contracts: error: {err}\n")
         if args.format != "text":
-            _emit(mutants_report.render_error(str(err)), args.output)
+            _emit(mutant_report.render_error(str(err)), args.output)
         return EXIT_ERROR
     except Exception as err:  # a bug in the checker must never look like a verdict
         traceback.print_exc()
         message = f"internal error ({type(err).__name__}: {err}); this is a bug in contracts"
         sys.stderr.write(f"contracts: error: {message}\n")
         if args.format != "text":
-            _emit(mutants_report.render_error(message), args.output)
+            _emit(mutant_report.render_error(message), args.output)
         return EXIT_ERROR
     _emit(render(result), args.output)
     return EXIT_KEPT if result.ok else EXIT_BROKEN

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from niels_gpt_contracts import fingerprint, report_sections
+from niels_gpt_contracts import device_report, fingerprint
 from niels_gpt_contracts.collection import (
     COLLECTED,
     CollectionRecorder,
@@ -261,8 +261,8 @@ class InvariantReport:
             },
             "tests": dict(sorted(self.outcomes.items())),
             "collected": self.collected,
-            "format": report_sections.FORMAT,
-            "sections": report_sections.sections(
+            "format": device_report.FORMAT,
+            "sections": device_report.sections(
                 self.every_collected or self._local_collection(session),
                 self.keys,
                 self.complete,
@@ -270,7 +270,7 @@ class InvariantReport:
             ),
         }
         if self.merge:
-            payload = report_sections.merge(_read(self.path), payload)
+            payload = device_report.merge(_read(self.path), payload)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.path.write_text(json.dumps(payload, indent=2) + "\n")
 

@@ -61,7 +61,7 @@ class DeviceReport:
     invariants: dict[str, dict[str, Any]] = field(default_factory=dict)
     tree: str | None = None  # None: produced by the verdict itself, nothing to compare
     narrowed_by: tuple[str, ...] = ()
-    # Format 2 (report_sections): per-stage sections and per-test outcomes with keys.
+    # Format 2 (device_report): per-stage sections and per-test outcomes with keys.
     sections: dict[str, dict[str, Any]] | None = None
     tests: dict[str, dict[str, Any]] = field(default_factory=dict)
 

@@ -1,7 +1,7 @@
 """Whether a per-stage device report speaks for the tree being judged, stage by stage.
 
 A report written by the plugin since format 2 has one section per stage
-(``niels_gpt_contracts.report_sections``). A stage's device row rests on the
+(``niels_gpt_contracts.device_report``). A stage's device row rests on the
 outcomes of the tests that claim its invariants, and each of those tests
 belongs to a stage (its folder). Each such stage's section must be fresh:
 its key equal to the tree's key for that stage (its code, its tests and the

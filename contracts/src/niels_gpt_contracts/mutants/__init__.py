@@ -7,7 +7,7 @@ the installed one, and reports every mutant as killed, survived, stale (its
 ``find`` no longer matches the code) or error (the run itself failed).
 
 Modules: ``catalogue`` (read and apply mutants), ``launcher`` and ``zygote``
-(pytest runs, forked from a server), ``verdicts`` (what a run means),
+(pytest runs, forked from a server), ``fates`` (what a run means),
 ``proof`` (the key a kill is proven under), ``hints`` and ``store`` (the
 test that killed a mutant before; proven kills), ``schedule`` (what runs,
 cheapest first), ``runner`` (planning, ``contracts mutants``), ``report``

@@ -15,7 +15,7 @@ same proof key (``proof``: all stage code in normal form, the tests, the
 configuration, the checker and the environment) is reused from the store
 (``store``, ``.mutants-cache.json`` for the working tree); a hinted mutant
 (``hints``) runs its hinted test first; the rest run every claiming test,
-fastest first. Verdicts are read in ``verdicts``.
+fastest first. What a run means is read in ``fates``.
 """
 
 from __future__ import annotations
@@ -35,14 +35,14 @@ from niels_gpt_contracts.gitdiff import GitRepo, WorkingTree
 from niels_gpt_contracts.mutants import hints as hint_file
 from niels_gpt_contracts.mutants import proof
 from niels_gpt_contracts.mutants.catalogue import SRC_MARKER, apply, catalogue, compile_problem
+from niels_gpt_contracts.mutants.fates import Fate, MutantsResult, Plan, Status
 from niels_gpt_contracts.mutants.launcher import Launcher, TestEnv
 from niels_gpt_contracts.mutants.schedule import Outcome, Scheduler, Todo
 from niels_gpt_contracts.mutants.store import Cache
-from niels_gpt_contracts.mutants.verdicts import MutantsResult, Plan, Status, Verdict
 from niels_gpt_contracts.sandbox.environment import Sandbox
 from niels_gpt_contracts.spec import Spec
 
-__all__ = ["Cache", "MutantsResult", "Options", "Plan", "Status", "Verdict", "execute", "run"]
+__all__ = ["Cache", "Fate", "MutantsResult", "Options", "Plan", "Status", "execute", "run"]
 
 PENDING = (
     "marked retarget = true by an amendment: re-target it at the new code (the same bug) "
@@ -223,32 +223,32 @@ def execute(work: Work, env: TestEnv, cache: Cache, opts: Options) -> MutantsRes
         tested = set(p.tests)
         for m in p.mutants:
             if m.retarget:  # main must never carry one: a known bug left unchecked
-                out.verdicts[m.name] = Verdict(m, "pending", PENDING)
+                out.fates[m.name] = Fate(m, "pending", PENDING)
                 continue
             path = env.sources / m.file
             text = path.read_text("utf-8", "surrogateescape") if path.is_file() else None
             applied = apply(m, text)
             if applied.source is None:
-                out.verdicts[m.name] = Verdict(m, "stale", applied.stale or "stale")
+                out.fates[m.name] = Fate(m, "stale", applied.stale or "stale")
                 continue
             problem = compile_problem(m, applied.source)
             if problem:
-                out.verdicts[m.name] = Verdict(m, "error", problem)
+                out.fates[m.name] = Fate(m, "error", problem)
                 continue
             keys[m.name] = work.keys.key(m.name, m.file, applied.source, p.tests)
             cached = cache.kill(m.name, keys[m.name])
             if cached is not None:
-                out.verdicts[m.name] = Verdict(m, "killed", cached, cached=True)
+                out.fates[m.name] = Fate(m, "killed", cached, cached=True)
                 continue
             hint = cache.hint(m.name) or work.hints.get(m.name)
             usable = hint is not None and hint.split("::", 1)[0] in tested
             todo.append(Todo(m, applied.source, hint if usable else None))
-    decided_bad = any(v.status != "killed" for v in out.verdicts.values())
+    decided_bad = any(v.status != "killed" for v in out.fates.values())
     if opts.stop_early and decided_bad:
         out.not_run += [t.mutant for t in todo]
     elif todo:
         hinted = sum(t.hint is not None for t in todo)
-        say(f"mutants to run: {len(todo)} ({hinted} with a hint); {len(out.verdicts)} decided")
+        say(f"mutants to run: {len(todo)} ({hinted} with a hint); {len(out.fates)} decided")
         launcher = Launcher(
             env, min(jobs, len(todo)), work.preload, timeout=opts.timeout, fork=opts.fork
         )
@@ -256,8 +256,6 @@ def execute(work: Work, env: TestEnv, cache: Cache, opts: Options) -> MutantsRes
             Scheduler(launcher, work.plans, jobs, opts.timeout, say, opts.stop_early).run(todo, out)
         finally:
             launcher.close()
-    ordered = [
-        out.verdicts[m.name] for p in work.plans for m in p.mutants if m.name in out.verdicts
-    ]
+    ordered = [out.fates[m.name] for p in work.plans for m in p.mutants if m.name in out.fates]
     cache.record(ordered, keys)
     return MutantsResult([p.stage for p in work.plans], out.clean, ordered, out.not_run)

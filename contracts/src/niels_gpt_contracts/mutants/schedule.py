@@ -28,15 +28,15 @@ from dataclasses import dataclass, field
 
 from niels_gpt_contracts.errors import ConfigError
 from niels_gpt_contracts.mutants.catalogue import Mutant
-from niels_gpt_contracts.mutants.launcher import Launcher
-from niels_gpt_contracts.mutants.verdicts import (
+from niels_gpt_contracts.mutants.fates import (
+    Fate,
     Plan,
     StageRun,
-    Verdict,
     fastest_first,
     first_failure,
     judge,
 )
+from niels_gpt_contracts.mutants.launcher import Launcher
 
 Say = Callable[[str], None]
 
@@ -50,7 +50,7 @@ class Todo:
 
 @dataclass
 class Outcome:
-    verdicts: dict[str, Verdict] = field(default_factory=dict)
+    fates: dict[str, Fate] = field(default_factory=dict)
     clean: list[StageRun] = field(default_factory=list)
     not_run: list[Mutant] = field(default_factory=list)
 
@@ -87,22 +87,22 @@ class Scheduler:
         self.say(f"{label.upper()} {stage} {state} ({r.seconds:.1f} s, {len(tests)} tests)")
         return run
 
-    def _mutant(self, item: Todo, tests: list[str], how: str) -> Verdict | None:
+    def _mutant(self, item: Todo, tests: list[str], how: str) -> Fate | None:
         if self.stop.is_set():
             return None
         m = item.mutant
         p = self.plan_of[m.stage]
         run = self.launcher.run(p.stage, tests, p.hypothesis, (m, item.source))
-        verdict = judge(m, run, self.timeout)
-        if verdict.status != "killed" and how == "hint":
+        fate = judge(m, run, self.timeout)
+        if fate.status != "killed" and how == "hint":
             return None  # not proof of anything: the full run decides
         self.say(
-            f"  [{next(self.count)}/{self.total}] {m.name}: {verdict.status} "
-            f"in {verdict.seconds:.1f} s ({how})"
+            f"  [{next(self.count)}/{self.total}] {m.name}: {fate.status} "
+            f"in {fate.seconds:.1f} s ({how})"
         )
-        if verdict.status != "killed" and self.stop_early:
+        if fate.status != "killed" and self.stop_early:
             self.stop.set()
-        return verdict
+        return fate
 
     def run(self, todo: list[Todo], out: Outcome) -> None:
         self.total = len(todo)
@@ -140,10 +140,10 @@ class Scheduler:
                 self.say(f"hints of {c.stage} not used (their clean run: {c.reason})")
         tried = [t for t in hinted if t.hint and t.mutant.stage in usable]
         results = pool.map(lambda t: self._mutant(t, [t.hint or ""], "hint"), tried)
-        for item, verdict in zip(tried, results, strict=True):
-            if verdict is not None:
-                out.verdicts[item.mutant.name] = verdict
-        return [t for t in todo if t.mutant.name not in out.verdicts]
+        for item, fate in zip(tried, results, strict=True):
+            if fate is not None:
+                out.fates[item.mutant.name] = fate
+        return [t for t in todo if t.mutant.name not in out.fates]
 
     def _full(self, pool: ThreadPoolExecutor, rest: list[Todo], out: Outcome) -> None:
         if self.stop.is_set():
@@ -159,12 +159,12 @@ class Scheduler:
                 + "; ".join(f"{c.stage}: {c.reason}" for c in failed)
             )
 
-        def full(item: Todo) -> Verdict | None:
+        def full(item: Todo) -> Fate | None:
             p = self.plan_of[item.mutant.stage]
             return self._mutant(item, p.order or p.tests, "all tests")
 
-        for item, verdict in zip(rest, pool.map(full, rest), strict=True):
-            if verdict is None:
+        for item, fate in zip(rest, pool.map(full, rest), strict=True):
+            if fate is None:
                 out.not_run.append(item.mutant)
             else:
-                out.verdicts[item.mutant.name] = verdict
+                out.fates[item.mutant.name] = fate

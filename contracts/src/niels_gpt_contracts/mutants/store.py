@@ -28,7 +28,7 @@ from filelock import FileLock
 from niels_gpt_contracts.mutants.hints import killing_test
 
 if TYPE_CHECKING:
-    from niels_gpt_contracts.mutants.verdicts import Verdict
+    from niels_gpt_contracts.mutants.fates import Fate
 
 STORE_VERSION = 2
 
@@ -51,8 +51,8 @@ class Cache:
         test = self.entries.get(name, {}).get("test")
         return test or None
 
-    def record(self, verdicts: Sequence[Verdict], keys: Mapping[str, str]) -> None:
-        new = {v.mutant.name: v for v in verdicts if not v.cached and v.mutant.name in keys}
+    def record(self, fates: Sequence[Fate], keys: Mapping[str, str]) -> None:
+        new = {v.mutant.name: v for v in fates if not v.cached and v.mutant.name in keys}
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with FileLock(self.path.with_name(self.path.name + ".lock")):
             entries = _read(self.path)

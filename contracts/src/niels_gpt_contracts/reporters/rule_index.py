@@ -29,7 +29,7 @@ from niels_gpt_contracts.checks import (
     source,
     staleness,
 )
-from niels_gpt_contracts.mutants import report
+from niels_gpt_contracts.mutants import fates
 from niels_gpt_contracts.result import Result
 from niels_gpt_contracts.rules import RuleDoc, SpecRule
 from niels_gpt_contracts.verdict import (
@@ -61,7 +61,7 @@ EMITTERS: tuple[ModuleType, ...] = (
     removed,
     weakened,
     mutation,
-    report,
+    fates,
     oracle,
     oracle_compare,
     oracle_aftermath,

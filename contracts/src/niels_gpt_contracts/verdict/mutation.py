@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from niels_gpt_contracts.checks import invariants, pr_context
 from niels_gpt_contracts.errors import ConfigError
-from niels_gpt_contracts.mutants import hints, proof, report
+from niels_gpt_contracts.mutants import fates, hints, proof
 from niels_gpt_contracts.mutants.launcher import TestEnv
 from niels_gpt_contracts.mutants.runner import (
     Options,
@@ -153,9 +153,9 @@ def run_mutants(
         return _error(stage, "clean run failed", str(err))
     found = [
         Violation(v.rule, v.path, v.line, v.message, stage, "mutants")
-        for v in report.violations(result)
+        for v in fates.violations(result)
     ]
-    summary = report.summary(result)
+    summary = fates.summary(result)
     if pending:
         summary += f"; {_pending(pending)}"
     status = BROKEN if found or not result.ok else NOT_RUN if pending else KEPT

@@ -14,16 +14,16 @@ unless ``--full`` (the rest are NOT RUN rows that say so). In order:
    snapshots what the runs must not change; where Linux allows, the sandbox
    interpreter runs behind read-only mounts (``confine``).
 3. ``api``: the public API, imported in the sandbox; ``names``: the stage's
-   library names resolved there (``evidence``).
+   library names resolved there (``outside_tests``).
 4. per device, ``runtime:<d>`` (the drivers' ATen ops), on the CPU
-   ``oracle:cpu`` (the differential oracle, ``evidence``/``oracle``), and
+   ``oracle:cpu`` (the differential oracle, ``outside_tests``/``oracle``), and
    ``tests:<d>`` (the reference tests, the PR's tests, the ratchet, the
    ``tests = true`` runtime rules; ``testing``), which also gives the
    ``device:<d>`` row.
 5. ``mutants``: every catalogued bug of the closure, killed by the reference
    tests (``mutation``), stopping at the first survivor unless ``--full``;
    ``weakened``: a PR that changed its stage's tests, measured by the same
-   mutants (``evidence``/``weakened``).
+   mutants (``outside_tests``/``weakened``).
 6. ``sandbox`` (always, once the PR's code ran): the checker's files, the
    whole sandbox environment and the workspace are unchanged.
 
@@ -58,9 +58,9 @@ from niels_gpt_contracts.sandbox import confine, env_trust, processes, runtime_p
 from niels_gpt_contracts.sandbox.environment import Sandbox
 from niels_gpt_contracts.spec import Rule
 from niels_gpt_contracts.verdict import (
-    evidence,
     files,
     integrity,
+    outside_tests,
     pipeline,
     plan,
     runtime,
@@ -234,15 +234,15 @@ def phases(request: PrRequest) -> list[Phase]:
         Phase("static", (), static_phase),
         Phase("environment", (), environment_phase),
         Phase("api", ("api",), api_phase),
-        Phase("names", ("names",), evidence.names_phase),
+        Phase("names", ("names",), outside_tests.names_phase),
     ]
     for d in request.devices:
         out.append(Phase(f"runtime:{d}", (f"runtime:{d}",), runtime_phase(d)))
         if d == "cpu":  # the decisive check, dearer than the drivers, cheaper than the tests
-            out.append(Phase("oracle:cpu", ("oracle:cpu",), evidence.oracle_phase))
+            out.append(Phase("oracle:cpu", ("oracle:cpu",), outside_tests.oracle_phase))
         out.append(Phase(f"tests:{d}", (f"tests:{d}", f"device:{d}"), tests_phase(d)))
     out.append(Phase("mutants", ("mutants",), mutants_phase))
-    out.append(Phase("weakened", ("weakened",), evidence.weakened_phase))
+    out.append(Phase("weakened", ("weakened",), outside_tests.weakened_phase))
     out.append(Phase("sandbox", ("sandbox",), sandbox_phase, always=True))
     return out
 

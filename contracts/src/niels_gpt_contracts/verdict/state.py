@@ -1,6 +1,6 @@
 """What ``contracts pr`` was asked (``PrRequest``) and what its phases share (``State``).
 
-Its own module so that the phases in ``evidence`` and ``mutation`` can name
+Its own module so that the phases in ``outside_tests`` and ``mutation`` can name
 these types without importing ``pr``, which imports them: the verdict's
 modules import each other in one direction only (import-linter's
 ``acyclic_siblings`` contract).

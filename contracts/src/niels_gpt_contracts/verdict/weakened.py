@@ -149,7 +149,7 @@ def judge(
             stage,
             CHECK,
         )
-        for v in result.verdicts
+        for v in result.fates
         if v.status != "killed" and v.mutant.name not in base_survivors
     ]
     if found:
