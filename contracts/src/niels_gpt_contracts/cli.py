@@ -25,6 +25,7 @@ import sys
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Protocol, TypeVar
 
 from niels_gpt_contracts.arguments import (
     EXIT_BROKEN,
@@ -76,25 +77,9 @@ def _mutants(args: argparse.Namespace) -> int:
         progress=_progress if args.format == "text" else None,
         write_hints=args.write_hints,
     )
-    try:
-        result = mutants_runner.run(opts)
-    except processes.Ended as err:
-        sys.stderr.write(f"contracts: error: {err}: every mutant run was killed; no result\n")
-        return EXIT_ERROR
-    except ConfigError as err:  # SpecErrors included
-        sys.stderr.write(f"contracts: error: {err}\n")
-        if args.format != "text":
-            _emit(mutant_report.render_error(str(err)), args.output)
-        return EXIT_ERROR
-    except Exception as err:  # a bug in the checker must never look like a verdict
-        traceback.print_exc()
-        message = f"internal error ({type(err).__name__}: {err}); this is a bug in contracts"
-        sys.stderr.write(f"contracts: error: {message}\n")
-        if args.format != "text":
-            _emit(mutant_report.render_error(message), args.output)
-        return EXIT_ERROR
-    _emit(render(result), args.output)
-    return EXIT_KEPT if result.ok else EXIT_BROKEN
+    killed = "every mutant run was killed; no result"
+    error = mutant_report.render_error
+    return _judged(lambda: mutants_runner.run(opts), render, error, args, killed)
 
 
 def _main_prepare(args: argparse.Namespace) -> int:
@@ -157,17 +142,27 @@ def _ending(work: Callable[[], int]) -> int:
     return code
 
 
+class _Judgement(Protocol):
+    @property
+    def ok(self) -> bool: ...
+
+
+J = TypeVar("J", bound=_Judgement)
+
+
 def _judged(
-    judge: Callable[[], Result],
-    render: Callable[[Result], str],
+    judge: Callable[[], J],
+    render: Callable[[J], str],
     render_error: Callable[[str], str],
     args: argparse.Namespace,
+    killed: str = "every worker of the verdict was killed; no verdict",
 ) -> int:
-    """Run a judgement; exit 0/1 on a verdict, 2 (and no verdict) on any error."""
+    """Run a judgement (a verdict or a mutant run); exit 0/1 on its result, 2 (and no
+    result) on any error, ``killed`` saying what an ending signal left."""
     try:
         result = judge()
     except processes.Ended as err:
-        message = f"{err}: every worker of the verdict was killed; no verdict"
+        message = f"{err}: {killed}"
         sys.stderr.write(f"contracts: error: {message}\n")
         if args.format != "text":
             _emit(render_error(message), args.output)
