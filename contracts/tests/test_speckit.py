@@ -2,8 +2,9 @@
 
 A kit edit must name each stage whose spec-side files load it and is
 classified for each like an edit of its own tests; a verdict writes the
-base's kit beside the acceptance tests; a user's tests reach what the kit
-imports, in the closure and in the device reports' keys.
+base's kit beside the acceptance tests and beside the runtime-rule drivers;
+a user's tests reach what the kit imports, in the closure and in the device
+reports' keys.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from niels_gpt_contracts import fingerprint
 from niels_gpt_contracts.checks import importers, speckit
 from niels_gpt_contracts.checks.loading import load_specs
 from niels_gpt_contracts.gitdiff import GitRepo, WorkingTree
-from niels_gpt_contracts.verdict import plan
+from niels_gpt_contracts.verdict import files, plan
 
 ROOT = Path(__file__).resolve().parents[2]
 KIT = "specs/_kit/speckit.py"
@@ -116,6 +117,18 @@ def test_a_verdict_writes_the_bases_kit_beside_the_acceptance_tests() -> None:
     made = plan.make_plan(specs["padding"], specs, [], base, base, set())
     assert KIT in made.reference_from_base
     assert KIT not in made.reference_targets  # loaded by the tests, never collected
+
+
+def test_a_verdict_writes_the_bases_kit_beside_the_drivers() -> None:
+    specs = load_specs(WorkingTree(GitRepo(ROOT)))
+    base = [
+        "specs/padding/padding_runtime.py",
+        "specs/padding/tests/test_loss.py",
+        "specs/quant/quant_runtime.py",  # not in padding's closure
+        KIT,
+    ]
+    made = plan.make_plan(specs["padding"], specs, [], base, base, set())
+    assert files.driver_files(made, base) == ["specs/padding/padding_runtime.py", KIT]
 
 
 def test_a_device_report_key_follows_the_kit_where_it_is_loaded(repo: Repo) -> None:

@@ -3,8 +3,9 @@
 ``head`` holds the head's stage modules, ``base`` the base's (collection and
 skip re-runs), ``ref`` the reference tests with the base's root
 ``conftest.py`` and pytest settings, ``pr`` the PR's own tests with the same
-trusted configuration, ``drivers`` the base's runtime-rule drivers. Only the
-modules the base's specs give the stages are written (see ``write_workspace``).
+trusted configuration, ``drivers`` the base's runtime-rule drivers and the
+spec kit they may load. Only the modules the base's specs give the stages
+are written (see ``write_workspace``).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from niels_gpt_contracts.checks import pr_context
+from niels_gpt_contracts.checks import pr_context, speckit
 from niels_gpt_contracts.errors import ConfigError
 from niels_gpt_contracts.sandbox import workspace
 from niels_gpt_contracts.verdict import plan
@@ -43,8 +44,7 @@ def write_workspace(ctx: pr_context.PrContext, p: plan.Plan, root: Path) -> Work
     workspace.write(ctx.base_tree, p.reference_from_base, w.ref)
     workspace.write(ctx.head_tree, p.reference_from_head, w.ref)
     workspace.write(ctx.head_tree, p.pr_support, w.pr)
-    drivers = [f for s in p.closure for f in base_files if f.startswith(f"specs/{s.id}/")]
-    workspace.write(ctx.base_tree, [f for f in drivers if "/tests/" not in f], w.drivers)
+    workspace.write(ctx.base_tree, driver_files(p, base_files), w.drivers)
     for name in ("conftest.py", "pyproject.toml"):
         text = ctx.base_tree.read(name)
         for where in (w.ref, w.pr):
@@ -53,3 +53,11 @@ def write_workspace(ctx: pr_context.PrContext, p: plan.Plan, root: Path) -> Work
     if ctx.base_tree.read("pyproject.toml") is None:
         raise ConfigError("expected the base's root pyproject.toml (pytest settings), found none")
     return w
+
+
+def driver_files(p: plan.Plan, base_files: list[str]) -> list[str]:
+    """The base's files a driver may load: each closure stage's ``specs/<stage>/``
+    files but its tests, and the spec kit (``specs/_kit/``), which drivers load
+    by path from beside them as the acceptance tests do."""
+    own = [f for s in p.closure for f in base_files if f.startswith(f"specs/{s.id}/")]
+    return [f for f in own if "/tests/" not in f] + speckit.kit_files(base_files)
