@@ -11,19 +11,24 @@ an amendment that edits it must name each user and is classified for each
 like an edit of its own tests, and a verdict writes the base's copy beside
 the acceptance tests it runs. What is here is what more than one stage
 needs, written once: the config strategy, the model and token builders, the
-float64 sampling filter from its definitions, and the recorder of attention
-calls.
+float64 sampling filter from its definitions, the recorder of attention
+calls, and the runtime drivers' recording that leaves RoPE's inside out.
+Runtime-rule drivers load it by path too, from one folder up
+(``Path(__file__).parents[1] / "_kit" / "speckit.py"``); a verdict writes the
+base's kit beside them.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any, cast
 
 import torch
 from hypothesis import strategies as st
 
+import niels_gpt.model.rope as rope
 from niels_gpt.config import ModelConfig
 from niels_gpt.model.attention import KVCache
 from niels_gpt.model.fastpath import use_fast_attention
@@ -32,6 +37,7 @@ from niels_gpt.model.gpt import GPT
 Tol = Callable[[torch.dtype], dict[str, float]]
 Randomise = Callable[[torch.nn.Module, int], None]
 Calls = list[list[tuple[int, Any, tuple[Any, ...]]]]
+Record = Callable[[], AbstractContextManager[None]]  # a runtime driver's recorder
 NEG = float("-inf")
 
 
@@ -155,3 +161,37 @@ def watch_attention_calls(model: GPT) -> tuple[Calls, list[Any]]:
         attn = cast(torch.nn.Module, block.attn)
         handles.append(attn.register_forward_pre_hook(hook, with_kwargs=True))
     return seen, handles
+
+
+@contextmanager
+def recording_around_rope(record: Record) -> Iterator[None]:
+    """Record the enclosed code with ``record`` (a runtime driver's), except the
+    inside of each ``rope.apply_rope`` call.
+
+    While it is open, ``niels_gpt.model.rope.apply_rope`` is wrapped: the open
+    block is closed for the length of the real call and a new one is opened
+    after it, so that the ops RoPE dispatches itself (``aten::cat`` inside
+    ``torch.stack`` wherever its complex path does not apply) are the rope
+    stage's, judged by its rules. A stage reaches RoPE through that module
+    attribute (its ``rope-as-module`` rule), so every call passes the wrapper.
+    """
+    real = rope.apply_rope
+    block = [record()]
+
+    def unrecorded(
+        q: torch.Tensor, k: torch.Tensor, sin: torch.Tensor, cos: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        block[0].__exit__(None, None, None)
+        try:
+            return real(q, k, sin, cos)
+        finally:
+            block[0] = record()
+            block[0].__enter__()
+
+    block[0].__enter__()
+    rope.apply_rope = unrecorded
+    try:
+        yield
+    finally:
+        rope.apply_rope = real
+        block[0].__exit__(None, None, None)

@@ -10,55 +10,40 @@ nested op, and ``rope.apply_rope`` builds its tables with ``torch.stack``
 wherever it cannot take its complex path (MPS, half precision, odd strides),
 which runs ``aten::cat`` inside ``aten::stack``. That is the rope stage's
 code, judged by its own rules; what these rules judge is the kv_cache code
-around it. So while a driver runs, ``niels_gpt.model.rope.apply_rope`` is
-wrapped: the open block is closed for the length of the real call and a new
-one is opened after it. The stage must reach RoPE through that module
-attribute anyway (its ``rope-as-module`` rule).
+around it. So the drivers record through the spec kit's
+``recording_around_rope`` (``specs/_kit/speckit.py``, loaded by path), which
+wraps ``niels_gpt.model.rope.apply_rope`` while a block is open: the block is
+closed for the length of the real call and a new one opened after it. The
+stage must reach RoPE through that module attribute anyway (its
+``rope-as-module`` rule).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+import importlib.util
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from pathlib import Path
 
 import torch
 
-import niels_gpt.model.rope as rope
 from niels_gpt.config import ModelConfig
 from niels_gpt.model.fastpath import use_fast_attention
 from niels_gpt.model.gpt import GPT
 from niels_gpt.model.kv_cache import drop_kv_cache, generate, use_kv_cache
 
+_SPEC = importlib.util.spec_from_file_location(  # the maintainers' spec kit, by path
+    "niels_speckit", Path(__file__).parents[1] / "_kit" / "speckit.py"
+)
+speckit = importlib.util.module_from_spec(_SPEC)  # type: ignore[arg-type]
+_SPEC.loader.exec_module(speckit)  # type: ignore[union-attr]
+
 Record = Callable[[], AbstractContextManager[None]]
+
 
 # Small, with non-default knobs; T leaves room for the steps below.
 CFG = ModelConfig(V=61, T=24, C=32, L=2, H=4, d_ff=40, dropout=0.1, rope_theta=500.0)
 BATCH, PROMPT, STEPS = 2, 5, 6
-
-
-@contextmanager
-def _recording_around_rope(record: Record) -> Iterator[None]:
-    """Record the enclosed code, except the inside of each ``rope.apply_rope`` call."""
-    real = rope.apply_rope
-    block = [record()]
-
-    def unrecorded(
-        q: torch.Tensor, k: torch.Tensor, sin: torch.Tensor, cos: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        block[0].__exit__(None, None, None)
-        try:
-            return real(q, k, sin, cos)
-        finally:
-            block[0] = record()
-            block[0].__enter__()
-
-    block[0].__enter__()
-    rope.apply_rope = unrecorded
-    try:
-        yield
-    finally:
-        rope.apply_rope = real
-        block[0].__exit__(None, None, None)
 
 
 def _models(device: torch.device) -> list[GPT]:
@@ -90,7 +75,7 @@ def decode_steps(device: torch.device, record: Record) -> None:
             use_kv_cache(model, BATCH)
             logits = model(prompt)  # (B, t, V): the prefill, not recorded
             tokens.append(logits[:, -1].argmax(-1, keepdim=True))  # (B, 1)
-        with _recording_around_rope(record):
+        with speckit.recording_around_rope(record):
             for step in range(STEPS):
                 for i, model in enumerate(models):
                     if step % 2:
@@ -108,7 +93,7 @@ def generate_run(device: torch.device, record: Record) -> None:
     prompt = _prompt(device)
     gen = torch.Generator(device=device).manual_seed(2)
     steps = CFG.T - PROMPT
-    with _recording_around_rope(record):
+    with speckit.recording_around_rope(record):
         for model in models:
             generate(
                 model,

@@ -13,8 +13,9 @@ stage's rules, and is not recorded.
 RoPE's own internals are left out of the blocks, as in the kv_cache drivers:
 the profiler reports nested ops, and ``rope.apply_rope`` builds its tables with
 ``torch.stack`` (``aten::cat`` inside) wherever it cannot take its complex
-path. That is the rope stage's code. While a driver runs,
-``niels_gpt.model.rope.apply_rope`` is wrapped so that the open block is
+path. That is the rope stage's code. The drivers record through the spec
+kit's ``recording_around_rope`` (``specs/_kit/speckit.py``, loaded by path),
+which wraps ``niels_gpt.model.rope.apply_rope`` so that the open block is
 closed for the length of the real call and a new one opened after it; the
 stage reaches RoPE through that module attribute (its ``rope-as-module``
 rule).
@@ -22,48 +23,31 @@ rule).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+import importlib.util
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from pathlib import Path
 
 import torch
 
-import niels_gpt.model.rope as rope
 from niels_gpt.config import ModelConfig
 from niels_gpt.model.fastpath import use_fast_attention
 from niels_gpt.model.gpt import GPT
 from niels_gpt.model.padding import generate, padded_forward
 
+_SPEC = importlib.util.spec_from_file_location(  # the maintainers' spec kit, by path
+    "niels_speckit", Path(__file__).parents[1] / "_kit" / "speckit.py"
+)
+speckit = importlib.util.module_from_spec(_SPEC)  # type: ignore[arg-type]
+_SPEC.loader.exec_module(speckit)  # type: ignore[union-attr]
+
 Record = Callable[[], AbstractContextManager[None]]
+
 
 # Small, with non-default knobs; T leaves room for the generation below.
 CFG = ModelConfig(V=61, T=24, C=32, L=2, H=4, d_ff=40, dropout=0.1, rope_theta=500.0)
 PADS, PROMPT = [0, 3, 5], 7  # generation: every row keeps a real token
 FORWARD_PADS = [0, 3, 5, PROMPT]  # the forward batches: the last row is all padding
-
-
-@contextmanager
-def _recording_around_rope(record: Record) -> Iterator[None]:
-    """Record the enclosed code, except the inside of each ``rope.apply_rope`` call."""
-    real = rope.apply_rope
-    block = [record()]
-
-    def unrecorded(
-        q: torch.Tensor, k: torch.Tensor, sin: torch.Tensor, cos: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        block[0].__exit__(None, None, None)
-        try:
-            return real(q, k, sin, cos)
-        finally:
-            block[0] = record()
-            block[0].__enter__()
-
-    block[0].__enter__()
-    rope.apply_rope = unrecorded
-    try:
-        yield
-    finally:
-        rope.apply_rope = real
-        block[0].__exit__(None, None, None)
 
 
 def _models(device: torch.device) -> list[GPT]:
@@ -95,7 +79,7 @@ def padded_forward_backward(device: torch.device, record: Record) -> None:
     ids, mask = _batch(device, FORWARD_PADS)
     for model in _models(device):
         model.train()
-        with _recording_around_rope(record):
+        with speckit.recording_around_rope(record):
             logits = padded_forward(model, ids, mask)
             assert isinstance(logits, torch.Tensor)
             torch.autograd.backward(logits.square().sum())
@@ -104,7 +88,7 @@ def padded_forward_backward(device: torch.device, record: Record) -> None:
             assert full is not None
             torch.autograd.backward(logits.square().sum() + full.square().sum())
         model.eval()
-        with _recording_around_rope(record):
+        with speckit.recording_around_rope(record):
             with torch.no_grad():
                 padded_forward(model, ids, mask)
             with torch.inference_mode():
@@ -122,7 +106,7 @@ def padded_generate(device: torch.device, record: Record) -> None:
         model.eval()
         gen = torch.Generator(device=device).manual_seed(2)
         gens = [torch.Generator(device=device).manual_seed(3 + b) for b in range(len(PADS))]
-        with _recording_around_rope(record):
+        with speckit.recording_around_rope(record):
             generate(
                 model,
                 ids,
