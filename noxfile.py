@@ -153,10 +153,11 @@ def test_scenarios(session: nox.Session) -> None:
     that build a real sandbox environment. 60 tests (43 of them took 48
     minutes and 97 CPU-minutes in one quiet run on two cores), so neither
     ``test-contracts`` nor a landing ``.ci/run`` runs them; ``.ci/run --full``
-    does. ``-- -m smoke`` picks 4 for a few minutes: a first
-    PR against the float64 reference, a foreign write on the real stages and
-    the environment seal both ways. Run them all before changing the oracle,
-    the sandbox or the source rules.
+    does. ``-- -m smoke`` picks 5 for about ten minutes: a first
+    PR against the float64 reference, a foreign write on the real stages, the
+    environment seal both ways and a loosened kv_cache test, the one whole
+    verdict there that runs its stage's mutants. Run them all before changing
+    the oracle, the sandbox or the source rules.
     """
     contracts_tests(session, "scenario")
 

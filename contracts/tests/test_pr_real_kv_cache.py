@@ -165,6 +165,8 @@ def test_kv_cache_patching_attention_at_import_is_refused(real_repo: RealRepo) -
     assert rows(out)["oracle:cpu"] == "BROKEN"
 
 
+# smoke: the one short run's whole verdict with mutants, overlays of named modules included
+@pytest.mark.smoke
 def test_a_loosened_kv_cache_test_is_named(real_repo: RealRepo) -> None:
     loose = real_repo.read(KV_TEST).replace("rtol=1e-9, atol=1e-9", "rtol=1e3, atol=1e3")
     real_repo.write(KV_TEST, loose)  # every comparison of the file
