@@ -153,7 +153,7 @@ def test_scenarios(session: nox.Session) -> None:
     that build a real sandbox environment. 60 tests (43 of them took 48
     minutes and 97 CPU-minutes in one quiet run on two cores), so neither
     ``test-contracts`` nor a landing ``.ci/run`` runs them; ``.ci/run --full``
-    does. ``-- -m smoke`` picks 5 for about ten minutes: a first
+    does. ``-- -m smoke`` picks 5 for about three minutes: a first
     PR against the float64 reference, a foreign write on the real stages, the
     environment seal both ways and a loosened kv_cache test, the one whole
     verdict there that runs its stage's mutants. Run them all before changing

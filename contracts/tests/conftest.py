@@ -42,7 +42,7 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     config.addinivalue_line(
         "markers",
-        "smoke: 5 scenarios in about 10 minutes (nox -s test-scenarios -- -m smoke): a "
+        "smoke: 5 scenarios in about 3 minutes (nox -s test-scenarios -- -m smoke): a "
         "first PR against the float64 reference, a foreign write, the environment seal "
         "both ways, and a loosened test judged with its stage's mutants; .ci/run --full "
         "runs every scenario",
