@@ -47,14 +47,13 @@ def _driver(root: Path, target: str) -> Any:
     return getattr(module, name)
 
 
-def _probe(rule: dict[str, Any], device: Any, root: Path) -> dict[str, Any]:
+def _probe(rule: dict[str, Any], device: Any, root: Path, spy: Any) -> dict[str, Any]:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     ops: set[str] = set()
     casts: list[str] = []
     blocks = 0
-    spy = _spy_factory()
     activities = [ProfilerActivity.CPU]
     if device.type == "cuda":
         activities.append(ProfilerActivity.CUDA)
@@ -83,7 +82,8 @@ def main() -> None:
 
     device = torch.device(request["device"])
     root = Path(request["root"])
-    results = {rule["id"]: _probe(rule, device, root) for rule in request["rules"]}
+    spy = _spy_factory()  # the kit, loaded once for every rule
+    results = {rule["id"]: _probe(rule, device, root, spy) for rule in request["rules"]}
     sys.stdout.write("\n" + json.dumps(results) + "\n")
 
 
