@@ -22,6 +22,7 @@ from niels_gpt_contracts.verdict import files, plan
 
 ROOT = Path(__file__).resolve().parents[2]
 KIT = "specs/_kit/speckit.py"
+SWEEPS = "specs/_kit/speckit_sweeps.py"
 KIT_TEXT = "def length(x):\n    return len(x)\n"
 ACCEPT = "specs/alpha/tests/test_accept.py"
 LOADER = """\
@@ -97,18 +98,60 @@ def test_users_are_the_stages_whose_spec_side_files_name_it() -> None:
     tree = Texts(
         {
             KIT: "from niels_gpt.model.fastpath import use_fast_attention\n",
+            SWEEPS: "import torch\nfrom niels_gpt.model.rope import apply_rope\n",
             "specs/kv_cache/tests/_kit.py": 'KIT = "speckit.py"\n',
             "specs/padding/padding_oracle.py": "import torch\n",
             "specs/rope/tests/test_x.py": "# speckit.md is prose, yet it names the kit\n",
+            "specs/attention/attention_oracle_domain.py": 'KIT = "speckit_sweeps.py"\n',
             "packages/padding/tests/test_speckit_like.py": "speckit\n",  # not spec-side
         }
     )
-    assert speckit.users(tree, ["kv_cache", "padding", "rope"]) == {"kv_cache", "rope"}
-    assert speckit.kit_files(tree.files()) == [KIT]
+    stages = ["attention", "kv_cache", "padding", "rope"]
+    assert speckit.users(tree, stages, KIT) == {"kv_cache", "rope"}
+    assert speckit.users(tree, stages, SWEEPS) == {"attention"}  # one kit file, its own users
+    assert speckit.kit_files(tree.files()) == [KIT, SWEEPS]
     specs = load_specs(WorkingTree(GitRepo(ROOT)))
     uses = importers.uses(specs, tree)
     assert "fastpath" in uses["kv_cache"] and "fastpath" in uses["rope"]  # through the kit
     assert "fastpath" not in uses.get("padding", set())
+    assert uses["attention"] == {"rope"}  # what the sweeps import, not what speckit.py does
+
+
+def test_a_kit_file_edit_names_the_stages_that_load_that_file(repo: Repo) -> None:
+    repo.write(KIT, KIT_TEXT)
+    repo.write(SWEEPS, KIT_TEXT)
+    repo.write(ACCEPT, LOADER)
+    code, out = _amend(repo, "1.0.0 1.1.0", "Spec: alpha")
+    assert code == 0, out
+    repo.git("branch", "-f", "main", "HEAD")
+
+    repo.replace(SWEEPS, "return len(x)", "return 3")  # alpha loads speckit.py alone
+    repo.replace("specs/beta.toml", 'title = "Beta stage"', 'title = "Beta"')
+    repo.commit("edit the sweeps no stage loads\n\nSpec: beta")
+    code, out = repo.gate_json("--no-api", "--base", "main", "--head", "HEAD")
+    assert code == 0, out
+    assert ("amendment.trailer", SWEEPS) not in rules(out)
+
+    repo.git("reset", "-q", "--hard", "main")
+    repo.write("specs/_kit/lengths.json", "[3]\n")  # a table only speckit.py names
+    repo.replace(KIT, "return len(x)", "return len(x)  # lengths.json")
+    repo.commit("a table for the kit\n\nSpec: alpha")
+    repo.git("branch", "-f", "main", "HEAD")
+    repo.write("specs/_kit/lengths.json", "[4]\n")
+    repo.replace("specs/beta.toml", 'title = "Beta stage"', 'title = "Beta"')
+    repo.commit("edit the table alpha's kit reads\n\nSpec: beta")
+    code, out = repo.gate_json("--no-api", "--base", "main", "--head", "HEAD")
+    assert code == 1  # named from inside the kit only, it is still alpha's
+    assert ("amendment.trailer", "specs/_kit/lengths.json") in rules(out)
+
+    repo.git("reset", "-q", "--hard", "main")
+    repo.replace(ACCEPT, "speckit.py", "speckit_sweeps.py")  # alpha now loads the sweeps
+    repo.replace(SWEEPS, "return len(x)", "return 3")
+    repo.replace("specs/beta.toml", 'title = "Beta stage"', 'title = "Beta"')
+    repo.commit("edit the sweeps alpha loads\n\nSpec: beta")
+    code, out = repo.gate_json("--no-api", "--base", "main", "--head", "HEAD")
+    assert code == 1
+    assert "changes the spec kit 'alpha' loads without a 'Spec: alpha' trailer" in str(out)
 
 
 def test_a_verdict_writes_the_bases_kit_beside_the_acceptance_tests() -> None:

@@ -39,7 +39,7 @@ __all__ = ["Fingerprint", "imported_names", "owner", "stage_keys", "tree"]
 PATTERNS = ("packages/*/src", "packages/*/tests", "specs/*/tests", "specs/_kit")
 ROOT_FILES = ("conftest.py", "pyproject.toml")
 KIT = ("specs", "_kit")  # the spec kit (``checks.speckit``), part of the stages that name it
-KIT_NAME = b"speckit"
+KIT_NAME = b"speckit"  # every kit file's name holds it: a test naming one is keyed on all
 KIT_KEY = "_kit"  # its files' bucket; no stage id starts with "_"
 
 

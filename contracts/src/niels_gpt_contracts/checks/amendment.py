@@ -15,10 +15,10 @@ tests. The change is the worst level found:
 
 A major bump with a ``Spec-Break:`` trailer declares a break the data cannot
 show (a behaviour described in a comment). The range may touch nothing but
-the named stages' ``specs/<stage>.toml`` and ``specs/<stage>/``, the spec kit
-``specs/_kit/`` when it names every stage that loads it (``checks.speckit``), plus
-``packages/<stage>/tests/`` of a declared break, and under their ``src/``
-only moves that change no code (a file renamed with its content unchanged,
+the named stages' ``specs/<stage>.toml`` and ``specs/<stage>/``, a spec kit
+file under ``specs/_kit/`` when it names every stage that loads that file
+(``checks.speckit``), plus ``packages/<stage>/tests/`` of a declared break,
+and under their ``src/`` only moves that change no code (a file renamed with its content unchanged,
 a package's code moved verbatim from its ``__init__.py`` into one named module
 beside it, leaving an ``__init__.py`` that only re-exports, and an empty
 ``py.typed`` marker added or removed): a contributor cannot pass
@@ -30,7 +30,6 @@ decided outside the gate (review of ``specs/``); the gate judges what.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from functools import cached_property
 from pathlib import Path
 
 import tomllib
@@ -153,11 +152,12 @@ class _Judge:
         self.schema = load_schema(self.before.read(SCHEMA_PATH))
         self.named = named
 
-    @cached_property
-    def kit_loaders(self) -> set[str]:
-        """The stages that load the spec kit in the base or the head (``checks.speckit``)."""
+    def kit_loaders(self, kit_file: str) -> set[str]:
+        """The stages that load ``kit_file`` in the base or the head (``checks.speckit``)."""
         stages = set(self.specs) | self.named
-        return speckit.users(self.before, stages) | speckit.users(self.after, stages)
+        return speckit.users(self.before, stages, kit_file) | speckit.users(
+            self.after, stages, kit_file
+        )
 
     def stage(self, stage: str, paths: list[str], declared: bool) -> list[Outcome]:
         path = f"{SPECS_DIR}/{stage}.toml"
@@ -280,9 +280,10 @@ def _paths(
 
 
 def _kit_path(j: _Judge, path: str, touched: dict[str, list[str]]) -> list[Violation]:
-    """A kit file is evidence of each stage that loads the kit, before or after: each must
+    """A kit file is evidence of each stage that loads it, before or after: each must
     be named, and the file is compared as that stage's own (``checks.speckit``)."""
-    for stage in sorted(j.kit_loaders & j.named):
+    loaders = j.kit_loaders(path)
+    for stage in sorted(loaders & j.named):
         touched[stage].append(path)
     return [
         _v(
@@ -290,7 +291,7 @@ def _kit_path(j: _Judge, path: str, touched: dict[str, list[str]]) -> list[Viola
             path,
             f"changes the spec kit {stage!r} loads without a 'Spec: {stage}' trailer",
         )
-        for stage in sorted(j.kit_loaders - j.named)
+        for stage in sorted(loaders - j.named)
     ]
 
 

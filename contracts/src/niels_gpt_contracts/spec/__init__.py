@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from niels_gpt_contracts.spec.model import (
     KIT_DIR,
-    KIT_NAME,
     META_PATTERNS,
     META_SPEC,
     RUNTIME_KINDS,
@@ -37,7 +36,6 @@ from niels_gpt_contracts.spec.schema import load_schema
 
 __all__ = [
     "KIT_DIR",
-    "KIT_NAME",
     "META_PATTERNS",
     "META_SPEC",
     "RUNTIME_KINDS",

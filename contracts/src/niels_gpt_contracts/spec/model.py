@@ -19,7 +19,6 @@ SCHEMA_PATH = "specs/spec.schema.json"
 # The maintainers' kit: spec-side helpers several stages load by path (``checks.speckit``).
 # No stage id starts with "_" (the schema's pattern), so it is no stage's folder.
 KIT_DIR = "specs/_kit"
-KIT_NAME = "speckit"  # a spec-side file that names it loads it
 
 # Paths that belong to no stage: the gate itself, its specs, CI and the
 # repository-wide tooling. A stage PR that touches one fails as a meta change.
