@@ -6,7 +6,8 @@ domain its driver must sweep (``magnitude``, ``dtype``, ``layout``,
 specs/spec.schema.json). A driver marks the calls that sweep an axis with
 ``o.call(..., axes=("magnitude", ...))``. This check reads the driver file
 and every other ``.py`` file beside it under ``specs/<stage>/`` (the modules
-a driver loads by path; the stage's ``tests/`` excluded), collects the
+a driver loads by path; the stage's ``tests/`` excluded) and every spec kit
+file one of them names (``checks.speckit``: the oracle sweeps), collects the
 string literals given as ``axes=`` to any ``.call(...)``, and names each
 declared axis none of them carries. Nothing is imported or run.
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterable
 
+from niels_gpt_contracts.checks import speckit
 from niels_gpt_contracts.gitdiff import Tree
 from niels_gpt_contracts.result import Violation
 from niels_gpt_contracts.rules import RuleDoc
@@ -115,9 +117,13 @@ def check_coverage(spec: Spec, tree: Tree) -> list[Violation]:
     if spec.oracle is None or not spec.oracle.axes:
         return []
     files = driver_files(spec, tree.files())
+    texts = dict(tree.read_many(files))
+    loaded = [t for t in texts.values() if t is not None]
+    kit = [k for k in speckit.kit_files(tree.files()) if any(speckit.names(t, k) for t in loaded)]
+    texts.update(tree.read_many(kit))  # the kit's sweeps count where a driver loads them
     found: list[Violation] = []
     swept: set[str] = set()
-    for path, text in tree.read_many(files).items():
+    for path, text in texts.items():
         if text is None:
             if path == spec.oracle.driver_file:
                 why = f"{spec.id}: the oracle driver {path} is missing"

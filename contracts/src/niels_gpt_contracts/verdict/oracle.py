@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from niels_gpt_contracts.checks import pr_context
+from niels_gpt_contracts.checks import pr_context, speckit
 from niels_gpt_contracts.checks.modules import namespaces
 from niels_gpt_contracts.errors import ConfigError
 from niels_gpt_contracts.result import BROKEN, KEPT, NOT_RUN, Outcome, Violation
@@ -169,7 +169,8 @@ def judge(
         return Outcome(stage, CHECK, BROKEN, "nothing to compare a first PR with", found)
     root = code[0].parent / "oracle"
     drivers = [f for f in base_files if any(f.startswith(f"specs/{s.id}/") for s in stages)]
-    workspace.write(ctx.base_tree, [f for f in drivers if "/tests/" not in f], root)
+    drivers = [f for f in drivers if "/tests/" not in f] + speckit.kit_files(base_files)
+    workspace.write(ctx.base_tree, drivers, root)  # the kit where drivers load it, one folder up
     say(f"oracle: {', '.join(s.id for s in stages)}, seed {seed:#x}")
     jobs = _jobs(ctx, stages, based, refs, code, root, seed)
     streams, changed = oracle_run.run(box, jobs, timeout, watched=[root, *code])
