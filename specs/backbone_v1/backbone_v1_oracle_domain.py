@@ -1,4 +1,4 @@
-"""backbone_v1 2.4's domain sweeps (loaded by ``backbone_v1_oracle.calls``; ``domain/...``).
+"""backbone_v1 5.0's domain sweeps (loaded by ``backbone_v1_oracle.calls``; ``domain/...``).
 
 Each call names the spec's ``[oracle].axes`` it sweeps (``contracts check``
 refuses the spec when one is never named). All compared with the base's
@@ -19,13 +19,18 @@ answers, in float64 unless the axis is the dtype:
   ``inference_mode``, ``enable_grad`` under ``no_grad``; non-contiguous ids
   and block inputs; float32, float16 models and float16 autocast; every
   ``ModelConfig`` field away from the default; bad inputs raising as the base.
+
+The second derivatives, the one-thread warm-up and the bad calls are the
+maintainers' kit's (``specs/_kit/speckit_sweeps.py``, loaded by path).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import io
 from functools import partial
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -38,8 +43,14 @@ from niels_gpt.model.gpt import GPT
 if TYPE_CHECKING:
     from niels_gpt_contracts.driverkit import Oracle
 
-SCALES = (1.0, 10.0, 30.0, 100.0, 1000.0)
-TRAINING_CALLS = 2100
+_SWEEPS = importlib.util.spec_from_file_location(  # the maintainers' oracle sweeps, by path
+    "niels_speckit_sweeps", Path(__file__).parents[1] / "_kit" / "speckit_sweeps.py"
+)
+assert _SWEEPS is not None and _SWEEPS.loader is not None
+sweeps = importlib.util.module_from_spec(_SWEEPS)
+_SWEEPS.loader.exec_module(sweeps)
+SCALES = sweeps.SCALES
+TRAINING_CALLS = sweeps.TRAINING_CALLS
 SMALL = ModelConfig(V=11, T=24, C=16, L=2, H=2, d_ff=24, dropout=0.0)
 STAGES = 7 * SMALL.L + 2
 
@@ -102,36 +113,12 @@ def _magnitude(o: Oracle) -> None:
             )
 
 
-def _hvp(o: Oracle, module: torch.nn.Module, x: torch.Tensor, tag: str) -> dict[str, Any]:
-    """``y``, the first-order input gradient, and H v for the input and every parameter."""
-    x = x.clone().requires_grad_(True)  # (B, T, C)
-    names, params = zip(*module.named_parameters(), strict=True)
-    wrt = [x, *params]
-    y = module(x)  # (B, T, C)
-    g = o.randn(*y.shape, tag=f"{tag}-g")  # (B, T, C)
-    first = torch.autograd.grad((y * g).sum(), wrt, create_graph=True)
-    v = [o.randn(*t.shape, tag=f"{tag}-v{i}") for i, t in enumerate(wrt)]
-    dot = torch.stack([(a * b).sum() for a, b in zip(first, v, strict=True)]).sum()  # ()
-    second = torch.autograd.grad(dot, wrt, materialize_grads=True)
-    out = {"y": y.detach(), "dx": first[0].detach(), "hvp.x": second[0]}
-    out.update({f"hvp.{n}": h for n, h in zip(names, second[1:], strict=True)})
-    return out
-
-
 def _loss_hvp(o: Oracle, gpt: GPT, ids: torch.Tensor, tag: str) -> dict[str, Any]:
     """The cross-entropy loss, its parameter gradient, and H v over every parameter."""
-    names, params = zip(*gpt.named_parameters(), strict=True)
     logits = gpt(ids)  # (B, T, V)
     targets = o.randint(gpt.cfg.V, *ids.shape, tag=f"{tag}-targets")  # (B, T)
-    loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
-    first = torch.autograd.grad(loss, params, create_graph=True)
-    v = [o.randn(*p.shape, tag=f"{tag}-v{i}") for i, p in enumerate(params)]
-    dot = torch.stack([(a * b).sum() for a, b in zip(first, v, strict=True)]).sum()  # ()
-    second = torch.autograd.grad(dot, params, materialize_grads=True)
-    out: dict[str, Any] = {"loss": loss.detach()}
-    out.update({f"grad.{n}": g.detach() for n, g in zip(names, first, strict=True)})
-    out.update({f"hvp.{n}": h for n, h in zip(names, second, strict=True)})
-    return out
+    loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())  # ()
+    return dict(sweeps.loss_hvp(o, loss, list(gpt.named_parameters()), tag))
 
 
 def _grad2(o: Oracle) -> None:
@@ -149,7 +136,7 @@ def _grad2(o: Oracle) -> None:
         x = 2.0 * o.randn(2, 13, SMALL.C, tag=f"grad2-x-{part}")  # (2, 13, C)
         o.call(
             name,
-            partial(_hvp, o, module, x, name),
+            partial(sweeps.output_hvp, o, module, x, name),
             desc=f"{part} on (2, 13, 16) f64: Hessian-vector products (x, parameters)",
             stages=4 * 7,
             reduction=max(SMALL.d_ff, 26),
@@ -175,13 +162,12 @@ def _history(o: Oracle) -> None:
     cfg = ModelConfig(V=5, T=8, C=8, L=1, H=2, d_ff=8, dropout=0.0)
     gpt = _gpt(o, cfg, "hist-w").train()
     ids = o.randint(cfg.V, 2, 8, tag="hist-ids")  # (2, 8)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny ops: one thread is 3 to 8 times faster on a busy machine
-    try:
+
+    def training_run() -> None:
         for _ in range(TRAINING_CALLS):  # one model's long training run (forward and backward)
             gpt(ids).sum().backward()
-    finally:
-        torch.set_num_threads(threads)  # the judged calls run as a user's do
+
+    sweeps.one_thread(training_run)
     gpt.eval()
     with torch.no_grad():
         o.call(
@@ -248,29 +234,8 @@ def _modes_layout(o: Oracle) -> None:
     gpt = _gpt(o, SMALL, "modes-w")
     ids = o.randint(SMALL.V, 2, 20, tag="modes-ids")  # (2, 20)
     about = "GPT B=2 T=20 C=16 L=2 f64"
-    modes: dict[str, tuple[bool, Any]] = {
-        "train": (True, None),
-        "eval": (False, None),
-        "no_grad": (False, torch.no_grad),
-        "inference_mode": (False, torch.inference_mode),
-    }
-    for mode, (training, ctx) in modes.items():
-        gpt.train(training)
-
-        def run(ctx: Any = ctx) -> Any:
-            if ctx is None:
-                return gpt.forward_with_attn_trace(ids, 1, True)
-            with ctx():
-                return gpt.forward_with_attn_trace(ids, 1, True)
-
-        o.call(
-            f"domain/modes/{mode}",
-            run,
-            desc=f"{about} {mode} trace",
-            stages=STAGES,
-            reduction=20,
-            axes=("modes",),
-        )
+    trace = partial(gpt.forward_with_attn_trace, ids, 1, True)
+    sweeps.modes(o, gpt, trace, about + " {mode} trace", stages=STAGES, reduction=20)
     o.call(
         "domain/modes/enable_grad",
         partial(_enable_grad, gpt.eval(), ids),
@@ -331,18 +296,7 @@ def _dtypes_configs(o: Oracle) -> None:
         reduction=20,
         axes=("dtype",),
     )
-    fields: dict[str, dict[str, Any]] = {
-        "V": {"V": 3},
-        "T": {"T": 40},
-        "C": {"C": 24, "H": 3},
-        "L": {"L": 3},
-        "H": {"H": 4},
-        "d_ff": {"d_ff": 5},
-        "rope_theta": {"rope_theta": 123.0},
-        "dropout": {"dropout": 0.3},
-    }
-    for field, change in fields.items():
-        cfg = dataclasses.replace(SMALL, **change)
+    for field, change, cfg in sweeps.config_changes(SMALL, sweeps.MODEL_FIELDS):
         gpt = _gpt(o, cfg, f"config-w-{field}").eval()
         z = o.randint(cfg.V, 2, min(cfg.T, 30), tag=f"config-ids-{field}")  # (2, t)
         with torch.no_grad():
@@ -370,15 +324,7 @@ def _errors(o: Oracle) -> None:
         "block-f16": partial(block, torch.zeros(1, 4, 16).half()),
         "trace-layer-negative": partial(gpt.forward_with_attn_trace, ids, -1),
     }
-    for what, fn in cases.items():
-        o.call(
-            f"domain/errors/{what}",
-            fn,
-            desc=f"bad input: {what}",
-            stages=1,
-            reduction=1,
-            axes=("errors",),
-        )
+    sweeps.errors(o, cases)
 
 
 def calls(o: Oracle) -> None:

@@ -31,6 +31,13 @@ from niels_gpt.model.gpt import GPT
 if TYPE_CHECKING:
     from niels_gpt_contracts.driverkit import Oracle
 
+_SWEEPS = importlib.util.spec_from_file_location(  # the maintainers' oracle sweeps, by path
+    "niels_speckit_sweeps", Path(__file__).parents[1] / "_kit" / "speckit_sweeps.py"
+)
+assert _SWEEPS is not None and _SWEEPS.loader is not None
+sweeps = importlib.util.module_from_spec(_SWEEPS)
+_SWEEPS.loader.exec_module(sweeps)
+
 
 def _kit() -> Any:
     """``fastpath_oracle_domain.py`` beside this file: the helpers these sweeps share."""
@@ -146,19 +153,8 @@ def _modes(o: Oracle) -> None:
 
 def _hvp(o: Oracle, attn: Any, x: torch.Tensor, tag: str) -> dict[str, Any]:
     """``y``, the input gradient and H v for the input and every parameter (math backend)."""
-    with backends([SDPBackend.MATH]):
-        z = x.clone().requires_grad_(True)  # (B, T, C)
-        names, params = zip(*attn.named_parameters(), strict=True)
-        wrt = [z, *params]
-        y = attn(z * 1.0)  # (B, T, C); a non-leaf input (FLOP counting's module hooks)
-        g = o.randn(*y.shape, tag=f"{tag}-g")  # (B, T, C)
-        first = torch.autograd.grad((y * g).sum(), wrt, create_graph=True)
-        v = [o.randn(*t.shape, tag=f"{tag}-v{i}") for i, t in enumerate(wrt)]
-        dot = torch.stack([(a * b).sum() for a, b in zip(first, v, strict=True)]).sum()  # ()
-        second = torch.autograd.grad(dot, wrt, materialize_grads=True)
-    out = {"out": y.detach(), "dx": first[0].detach(), "hvp.x": second[0]}
-    out.update({f"hvp.{n}": h for n, h in zip(names, second[1:], strict=True)})
-    return out
+    with backends([SDPBackend.MATH]):  # a non-leaf input (FLOP counting's module hooks)
+        return dict(sweeps.output_hvp(o, attn, x, tag, out="out", feed=lambda z: z * 1.0))
 
 
 def _grad2(o: Oracle) -> None:
@@ -188,13 +184,12 @@ def _history(o: Oracle) -> None:
     cfg = ModelConfig(V=2, T=8, C=8, H=2, dropout=0.0)
     attn = _attn(o, cfg, "hist-w").train()
     x = o.randn(2, 8, 8, tag="hist-x")  # (2, 8, 8)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny ops: one thread is faster on a busy machine
-    try:
+
+    def warm_up() -> None:
         for _ in range(TRAINING_CALLS):  # one fast module's long training run
             attn(x).square().mean().backward()
-    finally:
-        torch.set_num_threads(threads)  # the judged calls run as a user's do
+
+    sweeps.one_thread(warm_up)
     attn.eval()
     with torch.no_grad():
         o.call(
@@ -290,15 +285,7 @@ def _errors(o: Oracle) -> None:
         "x-meta": partial(attn, x.to("meta")),
         "kernel-fewer-keys": partial(sdpa_kernel, q, q[:, :, :3], q[:, :, :3], 0.0, 1.0),
     }
-    for what, fn in bad.items():
-        o.call(
-            f"domain/errors/{what}",
-            fn,
-            desc=f"bad input: {what}",
-            stages=1,
-            reduction=1,
-            axes=("errors",),
-        )
+    sweeps.errors(o, bad)
 
 
 def calls(o: Oracle) -> None:

@@ -32,7 +32,6 @@ cached chunks also equal the uncached forward of the same ids (an invariant):
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 from functools import partial
 from pathlib import Path
@@ -52,6 +51,13 @@ from niels_gpt.model.kv_cache import (
 
 if TYPE_CHECKING:
     from niels_gpt_contracts.driverkit import Oracle
+
+_SWEEPS = importlib.util.spec_from_file_location(  # the maintainers' oracle sweeps, by path
+    "niels_speckit_sweeps", Path(__file__).parents[1] / "_kit" / "speckit_sweeps.py"
+)
+assert _SWEEPS is not None and _SWEEPS.loader is not None
+sweeps = importlib.util.module_from_spec(_SWEEPS)
+_SWEEPS.loader.exec_module(sweeps)
 
 SCALES = (1.0, 10.0, 30.0, 100.0, 1000.0)
 LOGIT_SCALES = (1.0, 1e3, 1e30, 1e300)
@@ -227,18 +233,7 @@ def _layout(o: Oracle) -> None:
 def _config(o: Oracle) -> None:
     if not o.wants("domain/config/V/full"):
         return
-    fields: dict[str, dict[str, Any]] = {
-        "V": {"V": 3},
-        "T": {"T": 40},
-        "C": {"C": 24, "H": 3},
-        "L": {"L": 3},
-        "H": {"H": 4},
-        "d_ff": {"d_ff": 5},
-        "rope_theta": {"rope_theta": 123.0},
-        "dropout": {"dropout": 0.3},
-    }
-    for field, change in fields.items():
-        cfg = dataclasses.replace(SMALL, **change)
+    for field, change, cfg in sweeps.config_changes(SMALL, sweeps.MODEL_FIELDS):
         gpt = _gpt(o, cfg, f"config-w-{field}")
         t = min(cfg.T, 30)
         z = o.randint(cfg.V, 2, t, tag=f"config-ids-{field}")  # (2, t)

@@ -32,6 +32,13 @@ from niels_gpt.model.kv_cache import (
 if TYPE_CHECKING:
     from niels_gpt_contracts.driverkit import Oracle
 
+_SWEEPS = importlib.util.spec_from_file_location(  # the maintainers' oracle sweeps, by path
+    "niels_speckit_sweeps", Path(__file__).parents[1] / "_kit" / "speckit_sweeps.py"
+)
+assert _SWEEPS is not None and _SWEEPS.loader is not None
+sweeps = importlib.util.module_from_spec(_SWEEPS)
+_SWEEPS.loader.exec_module(sweeps)
+
 
 def _kit() -> Any:
     """``kv_cache_oracle_domain.py`` beside this file: the helpers these sweeps share."""
@@ -132,22 +139,14 @@ def _modes(o: Oracle) -> None:
 
 def _hvp(o: Oracle, gpt: GPT, ids: torch.Tensor, split: int) -> dict[str, Any]:
     """A cached chunk's cross-entropy after a prefill of ``split``: its gradient and H v."""
-    names, params = zip(*gpt.named_parameters(), strict=True)
     use_kv_cache(gpt, ids.shape[0], max_len=ids.shape[1])
     with torch.no_grad():
         gpt(ids[:, :split])
     logits = gpt(ids[:, split:])  # (B, t - split, V)
     drop_kv_cache(gpt)
     targets = o.randint(gpt.cfg.V, *logits.shape[:2], tag="grad2-targets")  # (B, t - split)
-    loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
-    first = torch.autograd.grad(loss, params, create_graph=True)
-    v = [o.randn(*p.shape, tag=f"grad2-v{i}") for i, p in enumerate(params)]
-    dot = torch.stack([(a * b).sum() for a, b in zip(first, v, strict=True)]).sum()  # ()
-    second = torch.autograd.grad(dot, params, materialize_grads=True)
-    out: dict[str, Any] = {"loss": loss.detach()}
-    out.update({f"grad.{n}": g.detach() for n, g in zip(names, first, strict=True)})
-    out.update({f"hvp.{n}": h for n, h in zip(names, second, strict=True)})
-    return out
+    loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())  # ()
+    return dict(sweeps.loss_hvp(o, loss, list(gpt.named_parameters()), "grad2"))
 
 
 def _grad2(o: Oracle) -> None:
@@ -171,9 +170,8 @@ def _history(o: Oracle) -> None:
     cfg = ModelConfig(V=7, T=12, C=8, L=1, H=2, d_ff=8, dropout=0.0)
     gpt = _gpt(o, cfg, "hist-w")
     prompt = o.randint(cfg.V, 2, 3, tag="hist-prompt")  # (2, 3)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny ops: one thread is faster on a busy machine
-    try:
+
+    def warm_up() -> None:
         g = o.generator("hist-many")
         for i in range(GENERATE_CALLS):  # one model generating many times
             generate(gpt, prompt, 1 + i % 2, temperature=1.0, generator=g)
@@ -182,8 +180,8 @@ def _history(o: Oracle) -> None:
             with torch.no_grad():
                 gpt(prompt[:, :1])
         drop_kv_cache(gpt)
-    finally:
-        torch.set_num_threads(threads)  # the judged calls run as a user's do
+
+    sweeps.one_thread(warm_up)
     about = f"after {GENERATE_CALLS} generate calls and {RESETS} cache resets"
     o.call(
         "domain/history/long/generate",

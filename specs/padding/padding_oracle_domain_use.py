@@ -30,6 +30,13 @@ from niels_gpt.model.padding import (
 if TYPE_CHECKING:
     from niels_gpt_contracts.driverkit import Oracle
 
+_SWEEPS = importlib.util.spec_from_file_location(  # the maintainers' oracle sweeps, by path
+    "niels_speckit_sweeps", Path(__file__).parents[1] / "_kit" / "speckit_sweeps.py"
+)
+assert _SWEEPS is not None and _SWEEPS.loader is not None
+sweeps = importlib.util.module_from_spec(_SWEEPS)
+_SWEEPS.loader.exec_module(sweeps)
+
 
 def _kit() -> Any:
     """``padding_oracle_domain.py`` beside this file: the helpers these sweeps share."""
@@ -135,9 +142,7 @@ def _hvp(o: Oracle, gpt: GPT, ids: torch.Tensor, mask: torch.Tensor) -> dict[str
     wrt = [logits, *params]
     loss = padded_cross_entropy(logits, targets, mask)
     first = torch.autograd.grad(loss, wrt, create_graph=True)
-    v = [o.randn(*p.shape, tag=f"grad2-v{i}") for i, p in enumerate(wrt)]
-    dot = torch.stack([(a * b).sum() for a, b in zip(first, v, strict=True)]).sum()  # ()
-    second = torch.autograd.grad(dot, wrt, materialize_grads=True)
+    second = sweeps.hessian_vector(o, first, wrt, "grad2")
     out: dict[str, Any] = {"loss": loss.detach(), "hvp.logits": second[0]}
     out.update({f"grad.{n}": g.detach() for n, g in zip(names, first[1:], strict=True)})
     out.update({f"hvp.{n}": h for n, h in zip(names, second[1:], strict=True)})
@@ -168,9 +173,8 @@ def _history(o: Oracle) -> None:
     targets = o.randint(cfg.V, 3, 10, tag="hist-targets")  # (3, 10)
     pads = (0, 4, 9)
     mask = _mask(pads, 10)  # (3, 10)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny ops: one thread is faster on a busy machine
-    try:
+
+    def warm_up() -> None:
         for _ in range(TRAINING_CALLS):  # one model's long padded training run
             logits = padded_forward(gpt, ids, mask)  # (3, 10, V)
             assert isinstance(logits, torch.Tensor)
@@ -178,8 +182,8 @@ def _history(o: Oracle) -> None:
         g = o.generator("hist-many")
         for i in range(GENERATE_CALLS):  # and many padded generate calls
             generate(gpt, ids[:, :5], _mask((0, 2, 4), 5), 1 + i % 2, temperature=1.0, generator=g)
-    finally:
-        torch.set_num_threads(threads)  # the judged calls run as a user's do
+
+    sweeps.one_thread(warm_up)
     gpt.eval()
     about = f"after {TRAINING_CALLS} padded training calls and {GENERATE_CALLS} generate calls"
     with torch.no_grad():
@@ -291,15 +295,7 @@ def _errors(o: Oracle) -> None:
         "rows-positions-negative": partial(apply_rope_rows, q, q, sin, cos, pos - 1),
         "rows-empty": partial(apply_rope_rows, q[:, :, :0], q[:, :, :0], sin, cos, pos[:, :0]),
     }
-    for what, fn in bad.items():
-        o.call(
-            f"domain/errors/{what}",
-            fn,
-            desc=f"bad argument: {what}",
-            stages=1,
-            reduction=1,
-            axes=("errors",),
-        )
+    sweeps.errors(o, bad, "bad argument")
 
 
 def calls(o: Oracle) -> None:

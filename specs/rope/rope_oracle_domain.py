@@ -21,7 +21,9 @@ answers, in float64 unless the axis is the dtype:
 
 from __future__ import annotations
 
+import importlib.util
 from functools import partial
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -30,6 +32,13 @@ import niels_gpt.model.rope as rope
 
 if TYPE_CHECKING:
     from niels_gpt_contracts.driverkit import Oracle
+
+_SWEEPS = importlib.util.spec_from_file_location(  # the maintainers' oracle sweeps, by path
+    "niels_speckit_sweeps", Path(__file__).parents[1] / "_kit" / "speckit_sweeps.py"
+)
+assert _SWEEPS is not None and _SWEEPS.loader is not None
+sweeps = importlib.util.module_from_spec(_SWEEPS)
+_SWEEPS.loader.exec_module(sweeps)
 
 SCALES = (1.0, 10.0, 30.0, 100.0, 1000.0, 1e6)
 CALLS = 2100
@@ -234,15 +243,7 @@ def _errors(o: Oracle) -> None:
         "theta-zero": lambda: rope.rope_cache(8, 4, theta=0.0),
         "int-dtype": lambda: rope.rope_cache(8, 4, dtype=torch.int64),
     }
-    for what, fn in cases.items():
-        o.call(
-            f"domain/errors/{what}",
-            fn,
-            desc=f"bad call: {what}",
-            stages=1,
-            reduction=1,
-            axes=("errors",),
-        )
+    sweeps.errors(o, cases, "bad call")
 
 
 def calls(o: Oracle) -> None:
