@@ -72,6 +72,19 @@ def test_an_axis_taken_out_of_the_driver_is_named(stage: str, axis: str) -> None
     assert f"'{axis}'" in found[0].message
 
 
+def test_the_kits_sweeps_count_only_for_a_stage_whose_driver_names_them() -> None:
+    specs, texts = _real()
+    own = "specs/attention/"
+    assert any("speckit_sweeps" in t for f, t in texts.items() if f.startswith(own))
+    unnamed = {
+        f: t.replace("speckit_sweeps", "elsewhere") if f.startswith(own) else t
+        for f, t in texts.items()
+    }
+    found = check_coverage(specs["attention"], _Dict(unnamed))
+    assert {v.rule for v in found} == {"oracle.coverage"}
+    assert "'magnitude'" in " ".join(v.message for v in found)  # swept by the kit alone
+
+
 @pytest.mark.parametrize("stage", STACKING)
 def test_combos_taken_out_of_the_driver_is_named(stage: str) -> None:
     specs, texts = _real()
