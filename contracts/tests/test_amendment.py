@@ -13,15 +13,14 @@ import io
 import sys
 
 import pytest
+from amendkit import ALPHA, amend, judge, row
 from gatekit import Repo, rules, valid_report
 
 from niels_gpt_contracts.checks.evidence_diff import compare_file
-from niels_gpt_contracts.checks.reexports import reexports_only
 from niels_gpt_contracts.checks.spec_diff import classify, worst
 from niels_gpt_contracts.cli import main
 from niels_gpt_contracts.spec import import_name
 
-ALPHA = "specs/alpha.toml"
 SIG = "(x: list[float], *, turns: int = 1, label: str | None = None) -> list[float]"
 ACCEPT = "specs/alpha/tests/test_accept.py"
 ACCEPT_TEST = """\
@@ -36,31 +35,12 @@ def test_accept_length():
 """
 
 
-def _amend(repo: Repo, old: str, new: str, version: str | None = None, *trailers: str) -> None:
-    """Replace ``old`` by ``new`` in alpha's spec, set its version, commit with trailers."""
-    if old:
-        repo.replace(ALPHA, old, new)
-    if version is not None:
-        repo.replace(ALPHA, 'version = "1.0.0"', f'version = "{version}"')
-    repo.commit("amend alpha\n\n" + "\n".join(trailers or ("Spec: alpha",)))
-
-
-def _judge(repo: Repo, *extra: str) -> tuple[int, dict[str, object]]:
-    return repo.gate_json("--no-api", "--base", "main", "--head", "HEAD", *extra)
-
-
-def _row(out: dict[str, object], stage: str = "alpha") -> dict[str, str]:
-    rows = [o for o in out["outcomes"] if o["check"] == "amendment" and o["stage"] == stage]  # type: ignore[attr-defined,index]
-    assert len(rows) == 1, out
-    return rows[0]  # type: ignore[no-any-return]
-
-
 def test_a_comment_and_a_title_are_kept(repo: Repo) -> None:
-    _amend(repo, 'title = "Alpha stage"', '# why alpha exists\ntitle = "The alpha stage"')
-    code, out = _judge(repo)
+    amend(repo, 'title = "Alpha stage"', '# why alpha exists\ntitle = "The alpha stage"')
+    code, out = judge(repo)
     assert code == 0, out
-    assert _row(out)["status"] == "KEPT"
-    assert _row(out)["summary"].startswith("KEPT 1.0.0 -> 1.0.0: title reworded")
+    assert row(out)["status"] == "KEPT"
+    assert row(out)["summary"].startswith("KEPT 1.0.0 -> 1.0.0: title reworded")
     code, text, _ = repo.gate("--no-api", "--base", "main", "--head", "HEAD")
     assert code == 0
     assert "judging the spec amendment of alpha" in text
@@ -69,21 +49,21 @@ def test_a_comment_and_a_title_are_kept(repo: Repo) -> None:
 
 def test_a_keyword_with_a_default_and_an_invariant_are_additive(repo: Repo) -> None:
     new_sig = SIG.replace(") ->", ", scale: float = 1.0) ->")
-    _amend(repo, SIG, new_sig, "1.1.0")
+    amend(repo, SIG, new_sig, "1.1.0")
     repo.replace(
         ALPHA, "[[invariants]]", '[[invariants]]\nid = "scales"\ntext = "s."\n\n[[invariants]]'
     )
     repo.git("commit", "-q", "--amend", "-a", "--no-edit")
-    code, out = _judge(repo)
+    code, out = judge(repo)
     assert code == 0, out
-    summary = _row(out)["summary"]
+    summary = row(out)["summary"]
     assert summary.startswith("ADDITIVE 1.0.0 -> 1.1.0")
     assert "ngx.alpha_mod:rotate: +keyword scale" in summary and "invariant +scales" in summary
 
 
 def test_additive_without_a_minor_bump_is_broken(repo: Repo) -> None:
-    _amend(repo, 'exports = ["Thing", "rotate"]', 'exports = ["Thing", "rotate", "spin"]', "1.0.1")
-    code, out = _judge(repo)
+    amend(repo, 'exports = ["Thing", "rotate"]', 'exports = ["Thing", "rotate", "spin"]', "1.0.1")
+    code, out = judge(repo)
     assert code == 1
     assert ("amendment.version", ALPHA) in rules(out)
     assert "expected a minor bump for ADDITIVE (1.1.0), found 1.0.1" in str(out["violations"])
@@ -112,21 +92,21 @@ def test_additive_without_a_minor_bump_is_broken(repo: Repo) -> None:
 def test_breaking_changes_need_a_declared_major_bump(
     repo: Repo, old: str, new: str, what: str
 ) -> None:
-    _amend(repo, old, new, "1.1.0")
-    code, out = _judge(repo)
+    amend(repo, old, new, "1.1.0")
+    code, out = judge(repo)
     assert code == 1, out
     found = rules(out)
     assert ("amendment.breaking", ALPHA) in found and ("amendment.version", ALPHA) in found
     assert what in str(out["violations"])
     repo.replace(ALPHA, 'version = "1.1.0"', 'version = "2.0.0"')
     repo.git("commit", "-q", "-a", "-m", "amend alpha\n\nSpec: alpha\nSpec-Break: on purpose")
-    code, out = _judge(repo)
+    code, out = judge(repo)
     assert code == 0, out
-    assert _row(out)["summary"].startswith("BREAKING 1.0.0 -> 2.0.0")
+    assert row(out)["summary"].startswith("BREAKING 1.0.0 -> 2.0.0")
 
 
 def test_a_dropped_invariant_declared_but_not_major_is_broken(repo: Repo) -> None:
-    _amend(
+    amend(
         repo,
         '[[invariants]]\nid = "turns_compose"\ntext = "Rotating twice by one turn equals rotating once by two."\n',  # noqa: E501
         "",
@@ -134,14 +114,14 @@ def test_a_dropped_invariant_declared_but_not_major_is_broken(repo: Repo) -> Non
         "Spec: alpha",
         "Spec-Break: compose is not a promise any more",
     )
-    code, out = _judge(repo)
+    code, out = judge(repo)
     assert code == 1
     assert rules(out) == {("amendment.version", ALPHA)}
     assert "expected a major bump for a break (2.0.0), found 1.1.0" in str(out["violations"])
 
 
 def test_a_declared_break_the_data_cannot_show_needs_the_major_bump(repo: Repo) -> None:
-    _amend(
+    amend(
         repo,
         'title = "Alpha stage"',
         'title = "Alpha"',
@@ -149,37 +129,37 @@ def test_a_declared_break_the_data_cannot_show_needs_the_major_bump(repo: Repo) 
         "Spec: alpha",
         "Spec-Break: rotate now turns left, as the comment says",
     )
-    code, out = _judge(repo)
+    code, out = judge(repo)
     assert code == 0, out
-    assert _row(out)["summary"].startswith("KEPT (declared break) 1.0.0 -> 2.0.0")
+    assert row(out)["summary"].startswith("KEPT (declared break) 1.0.0 -> 2.0.0")
 
 
 def test_a_version_never_goes_down(repo: Repo) -> None:
     repo.replace(ALPHA, 'version = "1.0.0"', 'version = "1.2.0"')
     repo.git("commit", "-q", "-a", "-m", "maintainers bump")
     repo.git("branch", "-f", "main", "HEAD")
-    _amend(repo, 'version = "1.2.0"', 'version = "1.1.9"')
-    code, out = _judge(repo)
+    amend(repo, 'version = "1.2.0"', 'version = "1.1.9"')
+    code, out = judge(repo)
     assert code == 1
     assert "expected a version >= the base's 1.2.0, found 1.1.9" in str(out["violations"])
 
 
 def test_a_spec_change_needs_a_trailer_naming_its_stage(repo: Repo) -> None:
     repo.replace("specs/beta.toml", 'title = "Beta stage"', 'title = "Beta"')
-    _amend(repo, 'title = "Alpha stage"', 'title = "Alpha"')
-    code, out = _judge(repo)
+    amend(repo, 'title = "Alpha stage"', 'title = "Alpha"')
+    code, out = judge(repo)
     assert code == 1
     assert ("amendment.trailer", "specs/beta.toml") in rules(out)
     repo.git("commit", "-q", "--allow-empty", "-m", "naming nobody\n\nSpec: gamma")
-    code, out = _judge(repo)
+    code, out = judge(repo)
     assert "'Spec: gamma' names no stage's spec" in str(out["violations"])
 
 
 def test_an_amendment_carries_no_code(repo: Repo) -> None:
     repo.replace("packages/alpha/src/ngx/alpha_mod.py", "n = turns % len(x)", "n = 0")
     repo.write("packages/alpha/tests/test_more.py", "def test_x():\n    pass\n")
-    _amend(repo, 'title = "Alpha stage"', 'title = "Alpha"')
-    code, out = _judge(repo)
+    amend(repo, 'title = "Alpha stage"', 'title = "Alpha"')
+    code, out = judge(repo)
     assert code == 1
     found = rules(out)
     assert ("amendment.path", "packages/alpha/src/ngx/alpha_mod.py") in found
@@ -188,7 +168,7 @@ def test_an_amendment_carries_no_code(repo: Repo) -> None:
 
 def test_a_declared_break_may_rewrite_its_stages_tests(repo: Repo) -> None:
     repo.replace("packages/alpha/tests/test_alpha.py", "== 2\n", "== 2  # pinned\n")
-    _amend(
+    amend(
         repo,
         'exports = ["Thing", "rotate"]',
         'exports = ["rotate"]',
@@ -196,35 +176,35 @@ def test_a_declared_break_may_rewrite_its_stages_tests(repo: Repo) -> None:
         "Spec: alpha",
         "Spec-Break: Thing goes",
     )
-    code, out = _judge(repo)
+    code, out = judge(repo)
     assert code == 0, out
-    assert "test_alpha.py::test_keeps_length" not in _row(out)["summary"]  # a comment: no edit
+    assert "test_alpha.py::test_keeps_length" not in row(out)["summary"]  # a comment: no edit
 
 
 def test_acceptance_tests_added_are_additive_and_edited_are_breaking(repo: Repo) -> None:
     repo.write(ACCEPT, ACCEPT_TEST)
-    _amend(repo, "", "", "1.1.0")
-    code, out = _judge(repo)
+    amend(repo, "", "", "1.1.0")
+    code, out = judge(repo)
     assert code == 0, out
-    assert f"{ACCEPT} added" in _row(out)["summary"]
+    assert f"{ACCEPT} added" in row(out)["summary"]
     repo.git("branch", "-f", "main", "HEAD")
     repo.replace(ACCEPT, "== 3", ">= 0")
     repo.replace(ACCEPT, "import pytest\n", '"""Loosened."""\nimport pytest\n')
-    _amend(repo, "", "")
-    code, out = _judge(repo)
+    amend(repo, "", "")
+    code, out = judge(repo)
     assert code == 1
     assert f"{ACCEPT}::test_accept_length edited" in str(out["violations"])
 
 
 def test_an_invalid_amended_spec_is_broken_not_an_error(repo: Repo) -> None:
-    _amend(repo, 'version = "1.0.0"', 'version = "one"')
-    code, out = _judge(repo)
+    amend(repo, 'version = "1.0.0"', 'version = "one"')
+    code, out = judge(repo)
     assert code == 1
     assert ("amendment.invalid", ALPHA) in rules(out)
 
 
 def test_stage_and_spec_trailers_together_are_no_verdict(repo: Repo) -> None:
-    _amend(repo, 'title = "Alpha stage"', 'title = "Alpha"', None, "Spec: alpha", "Stage: alpha")
+    amend(repo, 'title = "Alpha stage"', 'title = "Alpha"', None, "Spec: alpha", "Stage: alpha")
     code, _, err = repo.gate("--no-api", "--base", "main", "--head", "HEAD")
     assert code == 2
     assert "found both" in err
@@ -232,14 +212,14 @@ def test_stage_and_spec_trailers_together_are_no_verdict(repo: Repo) -> None:
 
 @pytest.mark.parametrize("fmt", ["text", "junit", "sarif", "github"])
 def test_every_format_reports_the_amendment(repo: Repo, fmt: str) -> None:
-    _amend(repo, 'exports = ["Thing", "rotate"]', 'exports = ["rotate"]', "1.1.0")
+    amend(repo, 'exports = ["Thing", "rotate"]', 'exports = ["rotate"]', "1.1.0")
     code, out, _ = repo.gate("--no-api", "--base", "main", "--head", "HEAD", "--format", fmt)
     assert code == 1
     assert "amendment.breaking" in out and "amendment.version" in out
 
 
 def test_contracts_pr_gives_the_same_amendment_verdict(repo: Repo) -> None:
-    _amend(repo, 'exports = ["Thing", "rotate"]', 'exports = ["Thing", "rotate", "spin"]', "1.1.0")
+    amend(repo, 'exports = ["Thing", "rotate"]', 'exports = ["Thing", "rotate", "spin"]', "1.1.0")
     out = io.StringIO()
     args = ["pr", "--repo", str(repo.root), "--base", "main", "--head", "HEAD"]
     args += ["--python", sys.executable, "--cache-dir", str(repo.root / ".cache")]
@@ -247,45 +227,7 @@ def test_contracts_pr_gives_the_same_amendment_verdict(repo: Repo) -> None:
         code = main([*args, "--format", "json"])
     assert code == 0, out.getvalue()
     payload = valid_report(out.getvalue())
-    assert _row(payload)["summary"] == "ADDITIVE 1.0.0 -> 1.1.0: ngx.alpha_mod export +spin"
-
-
-def test_a_module_moved_into_a_package_of_its_own_is_additive(repo: Repo) -> None:
-    """PEP 561 per stage: the module becomes ``ngx/alpha_mod/__init__.py`` with its own
-    ``py.typed``, content unchanged; the spec lists the new path (a minor bump)."""
-    repo.git("mv", "packages/alpha/src/ngx/alpha_mod.py", "packages/alpha/src/ngx/alpha_mod.tmp")
-    repo.root.joinpath("packages/alpha/src/ngx/alpha_mod").mkdir()
-    repo.git(
-        "mv", "packages/alpha/src/ngx/alpha_mod.tmp", "packages/alpha/src/ngx/alpha_mod/__init__.py"
-    )
-    repo.write("packages/alpha/src/ngx/alpha_mod/py.typed", "")
-    _amend(
-        repo, 'modules = ["ngx/alpha_mod.py"]', 'modules = ["ngx/alpha_mod/__init__.py"]', "1.1.0"
-    )
-    code, out = _judge(repo)
-    assert code == 0, out
-    assert _row(out)["summary"].startswith(
-        "ADDITIVE 1.0.0 -> 1.1.0: module +ngx/alpha_mod/__init__.py"
-    )
-    code, out = repo.gate_json("--no-api")  # the tree: the moved module is owned, imports resolve
-    assert code == 0, out["violations"]
-
-
-def test_a_move_that_edits_the_code_is_not_an_amendment(repo: Repo) -> None:
-    repo.root.joinpath("packages/alpha/src/ngx/alpha_mod").mkdir()
-    repo.git(
-        "mv", "packages/alpha/src/ngx/alpha_mod.py", "packages/alpha/src/ngx/alpha_mod/__init__.py"
-    )
-    repo.replace("packages/alpha/src/ngx/alpha_mod/__init__.py", "n = turns % len(x)", "n = 0")
-    repo.write("packages/alpha/src/ngx/alpha_mod/py.typed", "not empty\n")
-    _amend(
-        repo, 'modules = ["ngx/alpha_mod.py"]', 'modules = ["ngx/alpha_mod/__init__.py"]', "1.1.0"
-    )
-    code, out = _judge(repo)
-    assert code == 1
-    found = rules(out)
-    assert ("amendment.path", "packages/alpha/src/ngx/alpha_mod/__init__.py") in found
-    assert ("amendment.path", "packages/alpha/src/ngx/alpha_mod/py.typed") in found
+    assert row(payload)["summary"] == "ADDITIVE 1.0.0 -> 1.1.0: ngx.alpha_mod export +spin"
 
 
 # --- the classifiers on their own -----------------------------------------------------
@@ -350,100 +292,3 @@ def test_a_module_and_a_package_of_its_own_have_one_import_name() -> None:
 
 
 # --- a package's code moved out of its __init__.py (issue 31, named modules) ----------
-
-PKG = "packages/alpha/src/ngx/alpha_mod"
-REEXPORT = (
-    '"""Alpha: the code is in ``core``."""\n\nfrom __future__ import annotations\n\n'
-    'from ngx.alpha_mod.core import Thing, rotate\n\n__all__ = ["Thing", "rotate"]\n'
-)
-
-
-def _alpha_as_a_package_on_main(repo: Repo) -> None:
-    """Main's alpha module becomes ``ngx/alpha_mod/__init__.py``; the PR branch restarts there."""
-    repo.git("checkout", "-q", "main")
-    repo.root.joinpath(PKG).mkdir()
-    repo.git("mv", "packages/alpha/src/ngx/alpha_mod.py", f"{PKG}/__init__.py")
-    repo.write(f"{PKG}/py.typed", "")
-    repo.replace(ALPHA, 'modules = ["ngx/alpha_mod.py"]', 'modules = ["ngx/alpha_mod/__init__.py"]')
-    repo.commit("alpha: a package of its own")
-    repo.git("checkout", "-q", "-B", "pr", "main")
-
-
-def _split(repo: Repo, init: str = REEXPORT, named: str | None = None) -> None:
-    code = repo.read(f"{PKG}/__init__.py")
-    repo.write(f"{PKG}/core.py", code if named is None else named)
-    repo.write(f"{PKG}/__init__.py", init)
-    _amend(
-        repo,
-        'modules = ["ngx/alpha_mod/__init__.py"]',
-        'modules = ["ngx/alpha_mod/__init__.py", "ngx/alpha_mod/core.py"]',
-        "1.1.0",
-    )
-
-
-def test_code_moved_verbatim_out_of_an_init_into_a_named_module_is_an_amendment(
-    repo: Repo,
-) -> None:
-    _alpha_as_a_package_on_main(repo)
-    _split(repo)
-    code, out = _judge(repo)
-    assert code == 0, out
-    assert _row(out)["summary"].startswith("ADDITIVE 1.0.0 -> 1.1.0: module +ngx/alpha_mod/core.py")
-    code, out = repo.gate_json()  # the tree, API included: the package exports core's code
-    assert code == 0, out["violations"]
-
-
-def test_a_split_that_edits_the_code_is_not_an_amendment(repo: Repo) -> None:
-    _alpha_as_a_package_on_main(repo)
-    edited = repo.read(f"{PKG}/__init__.py").replace("n = turns % len(x)", "n = 0")
-    _split(repo, named=edited)
-    code, out = _judge(repo)
-    assert code == 1
-    found = rules(out)
-    assert ("amendment.path", f"{PKG}/__init__.py") in found
-    assert ("amendment.path", f"{PKG}/core.py") in found
-
-
-@pytest.mark.parametrize(
-    "extra",
-    [
-        "print('imported')\n",
-        "import os\n",
-        "from os import path\n",
-        "from ngx.beta_mod import use\n",
-        "if True:\n    from ngx.alpha_mod.core import rotate\n",
-        "def rotate(x):\n    return x\n",
-    ],
-)
-def test_an_init_that_does_more_than_reexport_is_not_an_amendment(repo: Repo, extra: str) -> None:
-    _alpha_as_a_package_on_main(repo)
-    _split(repo, init=REEXPORT + extra)
-    code, out = _judge(repo)
-    assert code == 1
-    assert ("amendment.path", f"{PKG}/__init__.py") in rules(out)
-
-
-@pytest.mark.parametrize(
-    ("text", "expected"),
-    [
-        ('"""Doc."""\nfrom __future__ import annotations\nfrom p.q.m import a, b\n', True),
-        ("from .m import a\n__all__ = ['a']\n", True),
-        ("from p.q.m import a as a\n__all__ = ('a',)\n", True),
-        ("from p.q.m import *\n", False),
-        ("from p.q.m import a as b\n", False),
-        ("from p.q.m.deeper import a\n", False),
-        ("from p.q import m\n", False),
-        ("from p.qx.m import a\n", False),
-        ("from ..m import a\n", False),
-        ("from . import m\n", False),
-        ("import p.q.m\n", False),
-        ("from p.q.m import a\n__all__ = ['a']\n__all__ = ['a']\n", False),
-        ("from p.q.m import a\n__all__ = ['a'] + []\n", False),
-        ("from p.q.m import a\n__all__: list[str] = ['a']\n", False),
-        ("x = 1\n", False),
-        ("from p.q.m import (\n", False),
-        (None, False),
-    ],
-)
-def test_what_counts_as_reexporting_only(text: str | None, expected: bool) -> None:
-    assert reexports_only(text, "p.q") is expected
