@@ -72,17 +72,46 @@ def test_an_axis_taken_out_of_the_driver_is_named(stage: str, axis: str) -> None
     assert f"'{axis}'" in found[0].message
 
 
+def _kit_names(texts: Mapping[str, str]) -> list[str]:
+    """The module names of the real kit's files, longest first (none is cut from another)."""
+    stems = {Path(f).stem for f in texts if f.startswith("specs/_kit/") and f.endswith(".py")}
+    return sorted(stems, key=len, reverse=True)
+
+
+def _renamed(texts: Mapping[str, str], own: str, to: str) -> dict[str, str]:
+    """``texts`` with every kit module name in the files under ``own`` replaced by ``to``."""
+    out = dict(texts)
+    for f, t in texts.items():
+        if f.startswith(own):
+            for stem in _kit_names(texts):
+                t = t.replace(stem, to)
+            out[f] = t
+    return out
+
+
 def test_the_kits_sweeps_count_only_for_a_stage_whose_driver_names_them() -> None:
     specs, texts = _real()
     own = "specs/attention/"
-    assert any("speckit_sweeps" in t for f, t in texts.items() if f.startswith(own))
-    unnamed = {
-        f: t.replace("speckit_sweeps", "elsewhere") if f.startswith(own) else t
-        for f, t in texts.items()
-    }
-    found = check_coverage(specs["attention"], _Dict(unnamed))
+    assert any(k in t for k in _kit_names(texts) for f, t in texts.items() if f.startswith(own))
+    found = check_coverage(specs["attention"], _Dict(_renamed(texts, own, "elsewhere")))
     assert {v.rule for v in found} == {"oracle.coverage"}
     assert "'magnitude'" in " ".join(v.message for v in found)  # swept by the kit alone
+
+
+@pytest.mark.parametrize("relay_names_the_kit", [True, False])
+def test_a_kit_file_counts_through_the_kit_file_that_names_it(relay_names_the_kit: bool) -> None:
+    """attention's drivers name one relay file of the kit; the sweeps count when it names them."""
+    specs, texts = _real()
+    relay = " ".join(_kit_names(texts)) if relay_names_the_kit else "nothing"
+    tree = {
+        **_renamed(texts, "specs/attention/", "relaykit"),
+        "specs/_kit/relaykit.py": f"# loads {relay}\n",
+    }
+    found = check_coverage(specs["attention"], _Dict(tree))
+    if relay_names_the_kit:
+        assert found == []
+    else:
+        assert "'magnitude'" in " ".join(v.message for v in found)
 
 
 @pytest.mark.parametrize("stage", STACKING)

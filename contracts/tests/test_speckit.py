@@ -94,6 +94,22 @@ def test_a_kit_no_stage_loads_needs_no_stage_named(repo: Repo) -> None:
     assert KIT not in _summary(out, "alpha")
 
 
+def test_what_a_driver_loads_reaches_what_that_kit_file_loads() -> None:
+    kit = {
+        "specs/_kit/speckit_a.py": "# loads speckit_b\n",
+        "specs/_kit/speckit_b.py": "# loads speckit_c\n",
+        "specs/_kit/speckit_c.py": "import torch\n",
+        "specs/_kit/speckit_d.py": "# loads speckit_a\n",  # loads what names it: no reach back
+    }
+    assert speckit.named_by(["load(speckit_a)"], kit) == [
+        "specs/_kit/speckit_a.py",
+        "specs/_kit/speckit_b.py",
+        "specs/_kit/speckit_c.py",
+    ]
+    assert speckit.named_by(["load(speckit_c)"], kit) == ["specs/_kit/speckit_c.py"]
+    assert speckit.named_by(["speckit_ab"], kit) == []  # a whole word, not a prefix
+
+
 def test_users_are_the_stages_whose_spec_side_files_name_it() -> None:
     tree = Texts(
         {

@@ -7,7 +7,8 @@ specs/spec.schema.json). A driver marks the calls that sweep an axis with
 ``o.call(..., axes=("magnitude", ...))``. This check reads the driver file
 and every other ``.py`` file beside it under ``specs/<stage>/`` (the modules
 a driver loads by path; the stage's ``tests/`` excluded) and every spec kit
-file one of them names (``checks.speckit``: the oracle sweeps), collects the
+file one of them names, or a kit file so named names in turn
+(``checks.speckit``: the oracle sweeps), collects the
 string literals given as ``axes=`` to any ``.call(...)``, and names each
 declared axis none of them carries. Nothing is imported or run.
 
@@ -119,8 +120,9 @@ def check_coverage(spec: Spec, tree: Tree) -> list[Violation]:
     files = driver_files(spec, tree.files())
     texts = dict(tree.read_many(files))
     loaded = [t for t in texts.values() if t is not None]
-    kit = [k for k in speckit.kit_files(tree.files()) if any(speckit.names(t, k) for t in loaded)]
-    texts.update(tree.read_many(kit))  # the kit's sweeps count where a driver loads them
+    kit = dict(tree.read_many(speckit.kit_files(tree.files())))
+    for path in speckit.named_by(loaded, kit):  # the kit's sweeps count where a driver
+        texts[path] = kit[path]  # loads them, directly or through another kit file
     found: list[Violation] = []
     swept: set[str] = set()
     for path, text in texts.items():

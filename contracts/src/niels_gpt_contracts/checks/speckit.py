@@ -51,6 +51,18 @@ def names(text: str, kit_file: str) -> bool:
     return re.search(rf"(?<!\w){module}(?!\w)", text) is not None
 
 
+def named_by(texts: Iterable[str], kit: Mapping[str, str | None]) -> list[str]:
+    """The kit files (``kit``: path -> text) that ``texts`` name, and those they name in
+    turn, transitively, sorted: what a driver loads reaches what that file loads."""
+    reached: set[str] = set()
+    frontier = list(texts)
+    while frontier:
+        new = {p for p in kit if p not in reached and any(names(t, p) for t in frontier)}
+        reached |= new
+        frontier = [kit[p] or "" for p in new]
+    return sorted(reached)
+
+
 def users(tree: Tree, stages: Iterable[str], kit_file: str) -> set[str]:
     """The stages among ``stages`` whose spec-side Python files in ``tree`` name ``kit_file``."""
     spec_side = [f for f in tree.files() if f.startswith(f"{SPECS_DIR}/") and f.endswith(".py")]
