@@ -21,7 +21,7 @@ answers, in float64 unless the axis is the dtype:
   field the module reads (``H``, ``C``, ``T``, ``dropout``, ``rope_theta``)
   away from the default; bad inputs (device, dtype, rank) raising as the base.
 
-The sweeps themselves are the maintainers' kit's (``specs/_kit/speckit_sweeps.py``,
+The sweeps themselves are the maintainers' kit's (``specs/_kit/speckit_module_sweeps.py``,
 ``module_sweeps``), which block's driver runs too; what is attention's own is
 said here: the module, its config, and the bound of its scores.
 """
@@ -40,8 +40,8 @@ from niels_gpt.model.attention import CausalSelfAttention
 if TYPE_CHECKING:
     from niels_gpt_contracts.driverkit import Oracle
 
-_SWEEPS = importlib.util.spec_from_file_location(  # the maintainers' oracle sweeps, by path
-    "niels_speckit_sweeps", Path(__file__).parents[1] / "_kit" / "speckit_sweeps.py"
+_SWEEPS = importlib.util.spec_from_file_location(  # the maintainers' module sweep, by path
+    "niels_speckit_module_sweeps", Path(__file__).parents[1] / "_kit" / "speckit_module_sweeps.py"
 )
 assert _SWEEPS is not None and _SWEEPS.loader is not None
 sweeps = importlib.util.module_from_spec(_SWEEPS)

@@ -20,7 +20,7 @@ answers, in float64 unless the axis is the dtype:
   field the block reads (``H``, ``C``, ``d_ff``, ``T``, ``dropout``,
   ``rope_theta``) away from the default; bad inputs raising as the base.
 
-The sweeps are the maintainers' kit's (``specs/_kit/speckit_sweeps.py``,
+The sweeps are the maintainers' kit's (``specs/_kit/speckit_module_sweeps.py``,
 ``module_sweeps``), which attention's driver runs too; block's own are the
 module, its config, the bound of its scores and the MLP's second derivative.
 """
@@ -40,8 +40,8 @@ from niels_gpt.model.block_v0 import MLP, Block
 if TYPE_CHECKING:
     from niels_gpt_contracts.driverkit import Oracle
 
-_SWEEPS = importlib.util.spec_from_file_location(  # the maintainers' oracle sweeps, by path
-    "niels_speckit_sweeps", Path(__file__).parents[1] / "_kit" / "speckit_sweeps.py"
+_SWEEPS = importlib.util.spec_from_file_location(  # the maintainers' module sweep, by path
+    "niels_speckit_module_sweeps", Path(__file__).parents[1] / "_kit" / "speckit_module_sweeps.py"
 )
 assert _SWEEPS is not None and _SWEEPS.loader is not None
 sweeps = importlib.util.module_from_spec(_SWEEPS)
