@@ -4,8 +4,10 @@
 none of them keeps a copy: ``speckit.py`` for acceptance tests and runtime
 drivers (model and token builders, the float64 sampling filter, the
 attention call recorder), ``speckit_sweeps.py`` for oracle drivers (torch
-only: the oracle worker must look like a user's process). A file loads a kit
-file by path, naming its module; no test folder is on ``sys.path``.
+only: the oracle worker must look like a user's process) and
+``speckit_module_sweeps.py``, a module's whole domain sweep, which loads it.
+A file loads a kit file by path, naming its module; no test folder is on
+``sys.path``.
 
 A kit file is evidence of every stage whose spec-side files (anything under
 ``specs/<stage>/``) name it, its *users*. So:
