@@ -38,6 +38,7 @@ from niels_gpt_contracts.verdict import (
     oracle,
     oracle_aftermath,
     oracle_compare,
+    protocol_rules,
     ratchet,
     removed,
     weakened,
@@ -66,6 +67,7 @@ EMITTERS: tuple[ModuleType, ...] = (
     oracle_compare,
     oracle_aftermath,
     explain,
+    protocol_rules,
 )
 
 

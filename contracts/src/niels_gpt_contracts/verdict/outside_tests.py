@@ -4,6 +4,8 @@
   (``source.name``: a module object, a program runner or code loader reached
   through an allowed library); the ``source`` row of the static phase judged
   the rest of the name rules from the text alone.
+- ``protocol``: what every ``nn.Module`` promises, each exported module
+  class on the PR against the base (``verdict.protocol``).
 - ``oracle:cpu``: the differential oracle (``verdict.oracle``), decided here,
   in the trusted process, from tensors the workers sent.
 - ``weakened``: after the mutants, a PR that changed or deleted its stage's
@@ -21,7 +23,7 @@ from typing import TYPE_CHECKING
 from niels_gpt_contracts.checks import name_rules
 from niels_gpt_contracts.checks.modules import namespaces
 from niels_gpt_contracts.result import KEPT, Outcome
-from niels_gpt_contracts.verdict import oracle, weakened
+from niels_gpt_contracts.verdict import oracle, protocol, weakened
 
 if TYPE_CHECKING:
     from niels_gpt_contracts.verdict.state import State
@@ -38,6 +40,13 @@ def names_phase(v: State) -> Iterator[Outcome]:
         yield Outcome(spec.id, "names", "BROKEN", f"{len(found)} violation(s)", found)
     else:
         yield Outcome(spec.id, "names", KEPT, "every library name resolved and allowed")
+
+
+def protocol_phase(v: State) -> Iterator[Outcome]:
+    assert v.box is not None and v.w is not None
+    code = (v.w.head, v.w.base)
+    seed = v.request.oracle_seed
+    yield protocol.judge_protocol(v.ctx, v.plan, v.box, code, v.w.root / "protocol", v.say, seed)
 
 
 def oracle_phase(v: State) -> Iterator[Outcome]:

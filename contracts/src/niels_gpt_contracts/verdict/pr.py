@@ -14,7 +14,10 @@ unless ``--full`` (the rest are NOT RUN rows that say so). In order:
    snapshots what the runs must not change; where Linux allows, the sandbox
    interpreter runs behind read-only mounts (``confine``).
 3. ``api``: the public API, imported in the sandbox; ``names``: the stage's
-   library names resolved there (``outside_tests``).
+   library names resolved there (``outside_tests``); ``protocol``: what every
+   ``nn.Module`` promises (state_dict, round trips, hooks, init, global
+   state, memory, compilation), each exported module class on the PR
+   against the base (``protocol``).
 4. per device, ``runtime:<d>`` (the drivers' ATen ops), on the CPU
    ``oracle:cpu`` (the differential oracle, ``outside_tests``/``oracle``), and
    ``tests:<d>`` (the reference tests, the PR's tests, the ratchet, the
@@ -235,6 +238,7 @@ def phases(request: PrRequest) -> list[Phase]:
         Phase("environment", (), environment_phase),
         Phase("api", ("api",), api_phase),
         Phase("names", ("names",), outside_tests.names_phase),
+        Phase("protocol", ("protocol",), outside_tests.protocol_phase),
     ]
     for d in request.devices:
         out.append(Phase(f"runtime:{d}", (f"runtime:{d}",), runtime_phase(d)))

@@ -1,0 +1,135 @@
+"""Module-protocol worker: one tree's module classes through ``_protocol_probes`` (sandbox side).
+
+Started by ``protocol_run`` as ``python -I <this file>``, in the same
+user-like environment and import isolation as the oracle's worker (whose
+``_isolate`` it borrows). stdin carries one JSON request, read whole before
+any stage code runs::
+
+    {"seed", "fd", "roots", "names", "config": "module:Name",
+     "classes": [[label, "module:qualname"], ...],
+     "sizes": [{"name", "cfg", "B", "T", "rows", "full"}, ...],
+     "given": path or null, "out": folder}
+
+For every class that is an ``nn.Module`` (classes that are the same object
+under several labels are probed once, under the first label) and every size,
+it runs a ``Probe``; with ``given`` (the base's ``weights.safetensors``), each
+probe loads those weights. It writes ``out/outputs.safetensors`` (every
+output, bfloat16 and float16 widened to float32 exactly), on the base's side
+``out/weights.safetensors`` (the weights its subjects held, for the PR's
+worker), and one JSON report to file descriptor ``fd``::
+
+    {"classes": {label: {size: report}}, "defined": {label: module},
+     "dtypes": {key: torch dtype}, "skipped": {label: why}, "fatal": text or null}
+
+This process decides nothing.
+"""
+
+from __future__ import annotations
+
+import sys
+
+sys.dont_write_bytecode = True  # -I ignores PYTHONDONTWRITEBYTECODE
+
+import importlib  # noqa: E402
+import importlib.util  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+from pathlib import Path  # noqa: E402
+from types import ModuleType  # noqa: E402
+from typing import Any  # noqa: E402
+
+HERE = Path(__file__).parent
+
+
+def _sibling(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, HERE / f"{name}.py")
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {name}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _resolve(dotted: str) -> Any:
+    module, _, qualname = dotted.partition(":")
+    obj: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _given(path: str | None, label: str, size: str) -> dict[str, Any] | None:
+    if path is None:
+        return None
+    from safetensors.torch import load_file
+
+    prefix = f"{label}|{size}|"
+    found = load_file(path)
+    return {k[len(prefix) :]: v for k, v in found.items() if k.startswith(prefix)}
+
+
+def main() -> None:
+    oracle_worker = _sibling("_oracle_worker")
+    oracle_worker._not_dumpable()
+    request = json.loads(sys.stdin.buffer.read())
+    answer = os.fdopen(int(request["fd"]), "w", encoding="utf-8", closefd=True)
+    oracle_worker._isolate(list(request["roots"]), list(request["names"]))
+    report: dict[str, Any] = {
+        "classes": {}, "defined": {}, "dtypes": {}, "skipped": {}, "fatal": None
+    }  # fmt: skip
+    try:
+        state = _sibling("_protocol_state")
+        probes = _sibling("_protocol_probes")
+        import torch
+        from safetensors.torch import save_file
+
+        config_type = _resolve(request["config"])
+        state.snapshot()  # the first snapshot imports the config modules
+        seen: dict[int, str] = {}
+        outputs: dict[str, torch.Tensor] = {}
+        weights: dict[str, torch.Tensor] = {}
+        for label, dotted in request["classes"]:
+            try:
+                cls = _resolve(dotted)
+            except Exception as err:
+                report["skipped"][label] = f"not importable: {probes.why(err)}"
+                continue
+            if not (isinstance(cls, type) and issubclass(cls, torch.nn.Module)):
+                report["skipped"][label] = "not an nn.Module class"
+                continue
+            if id(cls) in seen:
+                report["skipped"][label] = f"the same class as {seen[id(cls)]}"
+                continue
+            seen[id(cls)] = label
+            report["defined"][label] = cls.__module__
+            for raw in request["sizes"]:
+                size = probes.Size(raw["name"], raw["cfg"], raw["B"], raw["T"], raw["rows"])
+                probe = probes.Probe(
+                    label, cls, size, config_type, int(request["seed"]),
+                    state.snapshot, state.changed,
+                    given=_given(request.get("given"), label, size.name), full=bool(raw["full"]),
+                )  # fmt: skip
+                found, tensors = probe.run()
+                report["classes"].setdefault(label, {})[size.name] = found
+                outputs.update(tensors)
+                prefix = f"{label}|{size.name}|"
+                weights.update({prefix + k: v for k, v in probe.weights.items()})
+        wide = {}
+        for key, t in outputs.items():
+            report["dtypes"][key] = str(t.dtype).removeprefix("torch.")
+            narrow = t.dtype in (torch.bfloat16, torch.float16)
+            wide[key] = (t.float() if narrow else t).contiguous()  # t's shape
+        out = Path(request["out"])
+        save_file(wide, str(out / "outputs.safetensors"))
+        if request.get("given") is None:
+            held = {k: v.contiguous() for k, v in weights.items()}
+            save_file(held, str(out / "weights.safetensors"))
+    except BaseException as err:  # the tree cannot be imported or probed at all
+        report["fatal"] = oracle_worker._why(err)
+    json.dump(report, answer)
+    answer.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,243 @@
+"""Start a module-protocol worker and read what it measured: figures, never a verdict.
+
+The worker (``_protocol_worker.py``) is the sandbox interpreter run with
+``-I`` in the oracle's user-like environment (``oracle_run``: the code merged
+into one ``site-packages``-like folder, a scratch ``HOME``). Its report comes
+back as one JSON document on a pipe of its own, decoded against
+``REPORT_SCHEMA`` (jsonschema); its outputs as a safetensors file that
+safetensors' own parser reads, each array checked against the dtype the
+report names. Anything malformed is ``Answer.problem``, which the caller
+judges fail-closed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from jsonschema import Draft202012Validator, ValidationError  # type: ignore[import-untyped]
+import numpy as np
+from safetensors.numpy import load_file
+
+from niels_gpt_contracts.sandbox import confine, oracle_run, processes
+from niels_gpt_contracts.sandbox.environment import Sandbox
+
+WORKER = "_protocol_worker.py"
+MAX_REPORT = 1 << 26  # bytes of JSON one worker may send
+
+_ERROR = {"type": ["string", "null"]}
+_COUNT = {"type": "integer", "minimum": 0}
+_PROBE = {
+    "type": "object",
+    "properties": {
+        "build": _ERROR,
+        "load": _ERROR,
+        "input": _ERROR,
+        "input_errors": {"type": "array", "items": {"type": "string"}},
+        "schema": {
+            "type": "object",
+            "additionalProperties": {
+                "type": "array",
+                "prefixItems": [{"type": "array", "items": _COUNT}, {"type": "string"}],
+                "minItems": 2,
+                "maxItems": 2,
+            },
+        },
+        "persistent": {"type": "array", "items": {"type": "string"}},
+        "nonpersistent": {"type": "array", "items": {"type": "string"}},
+        "trips": {"type": "object", "additionalProperties": _ERROR},
+        "hooks": {
+            "oneOf": [
+                {"type": "string"},
+                {
+                    "type": "object",
+                    "additionalProperties": {
+                        "type": "array", "items": _COUNT, "minItems": 2, "maxItems": 2
+                    },
+                },
+            ]
+        },
+        "init": {
+            "type": "object",
+            "required": ["params", "equal"],
+            "properties": {
+                "params": {
+                    "type": "object",
+                    "additionalProperties": {
+                        "type": "object",
+                        "required": ["n", "mean", "std", "seeded"],
+                        "properties": {
+                            "n": _COUNT,
+                            "mean": {"type": "number"},
+                            "std": {"type": "number"},
+                            "seeded": {"type": "boolean"},
+                        },
+                    },
+                },
+                "equal": {
+                    "type": "array",
+                    "items": {
+                        "type": "array", "items": {"type": "string"}, "minItems": 2, "maxItems": 2
+                    },
+                },
+            },
+        },
+        "state": {
+            "type": "object",
+            "additionalProperties": {"type": "array", "items": {"type": "string"}},
+        },
+        "memory": {
+            "oneOf": [
+                {"type": "string"},
+                {"type": "object", "additionalProperties": _COUNT},
+            ]
+        },
+        "compile": {
+            "type": "object",
+            "properties": {
+                "graphs": _COUNT,
+                "breaks": _COUNT,
+                "reasons": {"type": "array", "items": {"type": "string"}},
+                "error": {"type": "string"},
+                "frames": _COUNT,
+            },
+        },
+    },
+    "required": ["build"],
+}  # fmt: skip
+REPORT_SCHEMA: Mapping[str, Any] = {
+    "type": "object",
+    "required": ["classes", "defined", "dtypes", "skipped", "fatal"],
+    "properties": {
+        "classes": {
+            "type": "object",
+            "additionalProperties": {"type": "object", "additionalProperties": _PROBE},
+        },
+        "defined": {"type": "object", "additionalProperties": {"type": "string"}},
+        "dtypes": {"type": "object", "additionalProperties": {"type": "string"}},
+        "skipped": {"type": "object", "additionalProperties": {"type": "string"}},
+        "fatal": _ERROR,
+    },
+}
+
+
+@dataclass
+class Answer:
+    """What one worker measured: its report, its outputs by key, and what went wrong."""
+
+    label: str
+    report: dict[str, Any] = field(default_factory=dict)
+    outputs: dict[str, oracle_run.Output] = field(default_factory=dict)
+    problem: str | None = None
+    seconds: float = 0.0
+
+    def probe(self, label: str, size: str) -> dict[str, Any] | None:
+        found = self.report.get("classes", {}).get(label, {}).get(size)
+        return found if isinstance(found, dict) else None
+
+
+def _decode(raw: bytes, out: Path, answer: Answer) -> None:
+    try:
+        report = json.loads(raw)
+        Draft202012Validator(REPORT_SCHEMA).validate(report)
+    except (ValueError, ValidationError) as err:
+        answer.problem = f"unreadable report: {str(err).splitlines()[0][:300]}"
+        return
+    answer.report = report
+    path = out / "outputs.safetensors"
+    if report["fatal"] is not None:
+        return
+    try:
+        arrays = load_file(str(path))
+    except Exception as err:  # safetensors' own error, or a missing file
+        answer.problem = f"outputs safetensors cannot read: {str(err)[:200]!r}"
+        return
+    dtypes: dict[str, str] = report["dtypes"]
+    if set(arrays) != set(dtypes):
+        answer.problem = "the outputs do not match the tensors the report names"
+        return
+    for key, dtype in dtypes.items():
+        wire = oracle_run.WIRE.get(dtype)
+        if wire is None or arrays[key].dtype != np.dtype(wire):
+            answer.problem = f"{key!r}: {arrays[key].dtype} on the wire for a {dtype!r} tensor"
+            return
+        answer.outputs[key] = oracle_run.Output(dtype, arrays[key])
+
+
+def run(
+    box: Sandbox,
+    label: str,
+    roots: Sequence[Path],
+    request: Mapping[str, Any],
+    out: Path,
+    timeout: float,
+) -> Answer:
+    """Run one worker over ``roots`` (``packages/*/src`` trees) with ``request``.
+
+    ``out`` is the worker's own folder (created here); the caller reads
+    ``weights.safetensors`` from it on the base's side.
+    """
+    answer = Answer(label)
+    home = Path(tempfile.mkdtemp())
+    site = oracle_run.site_folder(roots, home)
+    confine.add_readonly(box, [home])
+    out.mkdir(parents=True, exist_ok=True)
+    read_fd, write_fd = os.pipe()
+    full = {**request, "fd": write_fd, "roots": [str(site)], "out": str(out)}
+    worker = Path(box.boot) / "niels_gpt_contracts" / "sandbox" / WORKER
+    start = time.monotonic()
+    processes.refuse_if_ended()
+    proc = subprocess.Popen(
+        [box.python, "-I", str(worker)],
+        env=oracle_run._environ(box, 1 if label == "base" else None),
+        cwd=box.home,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        pass_fds=(write_fd,),
+        start_new_session=True,
+    )
+    os.close(write_fd)
+    chunks: list[bytes] = []
+
+    def reader() -> None:
+        with os.fdopen(read_fd, "rb") as pipe:
+            got = 0
+            while chunk := pipe.read(1 << 16):
+                got += len(chunk)
+                if got > MAX_REPORT:
+                    answer.problem = f"a report of more than {MAX_REPORT} bytes"
+                    processes.kill_group(proc.pid)
+                    return
+                chunks.append(chunk)
+
+    thread = threading.Thread(target=reader, daemon=True)
+    with processes.tracked(proc.pid):
+        thread.start()
+        try:
+            _, err = proc.communicate(json.dumps(full).encode(), timeout=timeout)
+        except subprocess.TimeoutExpired:
+            processes.kill_group(proc.pid)
+            _, err = proc.communicate()
+            answer.problem = f"timed out after {timeout:g} s"
+        processes.kill_group(proc.pid)
+        thread.join(timeout=30)
+    processes.reap_orphans()
+    answer.seconds = time.monotonic() - start
+    shutil.rmtree(home, ignore_errors=True)
+    if answer.problem is None:
+        if not chunks:
+            tail = (err.decode("utf-8", "replace").strip().splitlines() or ["no output"])[-1]
+            answer.problem = f"the worker ended early (exit {proc.returncode}): {tail[:300]}"
+        else:
+            _decode(b"".join(chunks), out, answer)
+    return answer

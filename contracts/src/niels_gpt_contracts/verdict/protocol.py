@@ -1,0 +1,193 @@
+"""The module protocol (``protocol``): what every ``nn.Module`` promises, the PR against the base.
+
+No spec lists it and no stage writes a driver for it: every ``nn.Module``
+class the closure's stages export (their spec's API: ``class`` entries and a
+module's ``exports``) is built on the base's code and on the PR's from one
+configuration drawn from a secret seed, and judged by ``protocol_rules``:
+state_dict, strict load of the base's weights and the base's outputs,
+pickle/save/deepcopy, hooks, init statistics, global state, held memory and
+compilation. A second, real-model size (GPT-2 small's ``C = 768`` with 2304-
+or 3072-row layers, ``T`` drawn up to 1024) is judged on outputs alone.
+
+The base's worker runs first (one thread) and leaves the weights its modules
+held; the PR's worker loads them. Both report figures (``sandbox.protocol_run``);
+this module decides. A base that cannot be probed is no verdict (``ConfigError``,
+exit 2); a PR whose worker fails where the base's finished is BROKEN.
+"""
+
+from __future__ import annotations
+
+import random
+import secrets
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from niels_gpt_contracts.checks import pr_context
+from niels_gpt_contracts.checks.modules import namespaces
+from niels_gpt_contracts.errors import ConfigError
+from niels_gpt_contracts.result import BROKEN, KEPT, NOT_RUN, Outcome, Violation
+from niels_gpt_contracts.sandbox import confine, protocol_run, workspace
+from niels_gpt_contracts.sandbox.environment import Sandbox, Snapshot
+from niels_gpt_contracts.spec import Spec
+from niels_gpt_contracts.verdict import plan
+from niels_gpt_contracts.verdict.protocol_rules import Pair, judge
+
+CHECK = "protocol"
+CONFIG = "ModelConfig"  # the class every stage's modules are built from
+REAL_C, REAL_H, REAL_FF, REAL_T = 768, 12, 3072, 1024  # GPT-2 small's widths
+MAX_ROWS = 12  # violations one row lists
+
+
+def module_classes(closure: Sequence[Spec]) -> list[str]:
+    """``module:qualname`` of every class the closure's specs export, sorted (the worker
+    keeps the ``nn.Module`` ones and probes a class named twice once)."""
+    found: set[str] = set()
+    for spec in closure:
+        for entry in spec.api:
+            if entry.kind == "class":
+                found.add(entry.object)
+            elif entry.kind == "module":
+                found.update(f"{entry.object}:{name}" for name in entry.exports or ())
+    return sorted(found)
+
+
+def config_class(specs: Sequence[Spec]) -> str | None:
+    for spec in specs:
+        for entry in spec.api:
+            if entry.kind == "class" and entry.qualname == CONFIG:
+                return entry.object
+    return None
+
+
+def sizes(seed: int) -> list[dict[str, Any]]:
+    """A small configuration for every probe and a real model's for the outputs, from ``seed``."""
+    r = random.Random(seed)
+    C = r.choice([32, 48, 64])
+    H = r.choice([h for h in (1, 2, 4, 8) if C % h == 0 and (C // h) % 2 == 0])
+    T = r.randint(16, 48)
+    small = {
+        "name": "small",
+        "cfg": {
+            "V": r.randint(16, 80), "T": T, "C": C, "L": 2, "H": H, "d_ff": r.choice([2, 3, 4]) * C,
+            "dropout": r.choice([0.0, 0.1, 0.25]), "rope_theta": r.uniform(100.0, 20000.0),
+        },
+        "B": r.randint(1, 3), "T": r.randint(1, T), "rows": r.randint(C, 3 * C), "full": True,
+    }  # fmt: skip
+    real = {
+        "name": "real",
+        "cfg": {
+            "V": r.randint(256, 2048), "T": REAL_T, "C": REAL_C, "L": 1, "H": REAL_H,
+            "d_ff": REAL_FF, "dropout": 0.1, "rope_theta": 10000.0,
+        },
+        "B": 1, "T": r.randint(2, REAL_T), "rows": r.choice([3 * REAL_C, REAL_FF]), "full": False,
+    }  # fmt: skip
+    return [small, real]
+
+
+def _where(size: dict[str, Any]) -> str:
+    c = size["cfg"]
+    return f"C={c['C']}, H={c['H']}, d_ff={c['d_ff']}, B={size['B']}, T={size['T']}"
+
+
+def _file(specs: Sequence[Spec], module: str | None) -> tuple[str | None, str | None]:
+    """The repository path of the stage module that defines a class, and its stage."""
+    for spec in specs:
+        for rel, path in zip(spec.modules, spec.module_files, strict=True):
+            name = rel.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
+            if name == module:
+                return path, spec.id
+    return None, None
+
+
+def _run(
+    box: Sandbox, code: tuple[Path, Path], request: dict[str, Any], scratch: Path, timeout: float
+) -> tuple[protocol_run.Answer, protocol_run.Answer, list[str]]:
+    """The base's worker, then the PR's over the base's weights; files the PR's run changed."""
+    base = protocol_run.run(
+        box, "base", workspace.src_roots(code[1]), request, scratch / "base", timeout
+    )
+    if base.problem or base.report.get("fatal"):
+        raise ConfigError(
+            f"the module protocol's base worker failed: {base.problem or base.report['fatal']}"
+        )
+    (scratch / "base" / "outputs.safetensors").unlink(missing_ok=True)
+    confine.add_readonly(box, [scratch / "base"])
+    watched = [scratch / "base", *code]
+    before = Snapshot.take(watched)
+    given = {**request, "given": str(scratch / "base" / "weights.safetensors")}
+    head = protocol_run.run(
+        box, "head", workspace.src_roots(code[0]), given, scratch / "head", timeout
+    )
+    return base, head, before.changes(Snapshot.take(watched))
+
+
+def judge_protocol(
+    ctx: pr_context.PrContext,
+    p: plan.Plan,
+    box: Sandbox,
+    code: tuple[Path, Path],
+    scratch: Path,
+    say: Callable[[str], None],
+    seed: int | None = None,
+    timeout: float = 900.0,
+) -> Outcome:
+    """The ``protocol`` row; ``code`` holds the head's and the base's written sources.
+
+    Raises:
+        ConfigError: the base's worker failed (no verdict).
+    """
+    stage = p.stage.id
+    classes = module_classes(p.closure)
+    config = config_class(list(ctx.specs.values()))
+    if not classes or config is None:
+        return Outcome(stage, CHECK, NOT_RUN, "no stage of the closure exports a class")
+    seed = secrets.randbits(63) if seed is None else seed
+    drawn = sizes(seed)
+    request = {
+        "seed": seed,
+        "names": sorted(namespaces(ctx.specs)),
+        "config": config,
+        "classes": [[c, c] for c in classes],
+        "sizes": drawn,
+        "given": None,
+    }
+    base, head, changed = _run(box, code, request, scratch, timeout)
+    say(f"protocol: base {base.seconds:.1f} s, head {head.seconds:.1f} s, seed {seed:#x}")
+    specs = list(ctx.specs.values())
+    if changed:
+        why = f"{changed[0]} changed while the PR's protocol worker ran ({len(changed)} file(s))"
+        found = [Violation("sandbox.tampered", changed[0], None, why, stage, CHECK)]
+        return Outcome(stage, CHECK, BROKEN, "the base's weights or code changed", found)
+    problem = head.problem or head.report.get("fatal")
+    if problem:
+        why = f"the PR's code gave no usable answer: {problem} (the base's: {base.seconds:.0f} s)"
+        found = [Violation("protocol.error", p.stage.path, None, why, stage, CHECK)]
+        return Outcome(stage, CHECK, BROKEN, "the PR's protocol worker failed", found)
+    found = []
+    probed = 0
+    defined = {**base.report.get("defined", {})}
+    for label, by_size in sorted(base.report["classes"].items()):
+        path, _owner = _file(specs, defined.get(label))
+        for size in drawn:
+            want = by_size.get(size["name"])
+            got = head.probe(label, size["name"])
+            if want is None or want.get("build") is not None:
+                continue
+            probed += 1
+            if got is None:
+                got = {"build": "the PR's worker did not probe this class"}
+            c = size["cfg"]
+            pair = Pair(
+                label, size["name"], _where(size), got, want, head.outputs, base.outputs,
+                stages=8 * (c["L"] + 1) + 4, reduction=max(c["C"], c["d_ff"], size["T"]),
+            )  # fmt: skip
+            for rule, message in judge(pair):
+                text = f"{label.rpartition(':')[2]} ({size['name']} size): {message}"
+                found.append(Violation(rule, path or p.stage.path, None, text, stage, CHECK))
+    if found:
+        summary = f"{len(found)} violation(s) over {probed} class probe(s) (seed {seed:#x})"
+        return Outcome(stage, CHECK, BROKEN, summary, found[:MAX_ROWS])
+    names = ", ".join(sorted({label.rpartition(":")[2] for label in base.report["classes"]}))
+    summary = f"{probed} class probe(s) keep every module promise: {names} (seed {seed:#x})"
+    return Outcome(stage, CHECK, KEPT, summary)

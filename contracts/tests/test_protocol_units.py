@@ -1,0 +1,266 @@
+"""The module protocol: the worker's measurements and the rules that judge them.
+
+Each promise is shown the way a PR breaks it: a small module class that
+keeps every promise is the base, and a variant that breaks exactly one is
+the PR (built with the base's weights, as the verdict's PR worker is). The
+variant's rule must fire, and the honest module against itself must keep
+every rule. The whole phase through ``contracts pr`` on the real stages is
+``test_pr_real_protocol.py`` (scenario).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from niels_gpt_contracts.checks.loading import load_specs
+from niels_gpt_contracts.gitdiff import GitRepo, WorkingTree
+from niels_gpt_contracts.sandbox import oracle_run, protocol_run
+from niels_gpt_contracts.sandbox.protocol_run import Answer
+from niels_gpt_contracts.verdict import protocol, protocol_rules
+
+SANDBOX = Path(protocol_run.__file__).parent
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _load(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, SANDBOX / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+STATE, PROBES = _load("_protocol_state"), _load("_protocol_probes")
+
+
+class Config:
+    """A config like the project's ``ModelConfig``: the fields the probe sizes name."""
+
+    def __init__(self, **fields: Any) -> None:
+        self.__dict__.update(fields)
+
+
+class Good(nn.Module):
+    """Keeps every promise: two linears, called as submodules."""
+
+    def __init__(self, cfg: Config) -> None:
+        super().__init__()
+        self.fc = nn.Linear(cfg.C, cfg.d_ff)
+        self.out = nn.Linear(cfg.d_ff, cfg.C)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.relu(self.fc(x)))  # (B, T, C)
+
+
+class Unpicklable(Good):
+    def __init__(self, cfg: Config) -> None:
+        super().__init__(cfg)
+        self.act = lambda t: torch.relu(t)  # a local object: pickle and spawn fail
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.act(self.fc(x)))  # (B, T, C)
+
+
+class HoldsCopy(Good):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not torch.is_grad_enabled():
+            self.cached = self.fc.weight.detach().clone()  # (d_ff, C) kept after the call
+        return super().forward(x)
+
+
+class SkipsHooks(Good):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.linear(x, self.fc.weight, self.fc.bias)  # (B, T, d_ff) without calling fc
+        return self.out(torch.relu(h))  # (B, T, C)
+
+
+class Reseeds(Good):
+    def __init__(self, cfg: Config) -> None:
+        torch.manual_seed(0)  # "reproducible builds"
+        super().__init__(cfg)
+
+
+class TiesBlocks(nn.Module):
+    def __init__(self, cfg: Config) -> None:
+        super().__init__()
+        self.a = nn.Linear(cfg.C, cfg.C)
+        self.b = nn.Linear(cfg.C, cfg.C)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(self.a(x))  # (B, T, C)
+
+
+class TiedBlocks(TiesBlocks):
+    def __init__(self, cfg: Config) -> None:
+        super().__init__(cfg)
+        with torch.no_grad():
+            self.b.weight.copy_(self.a.weight)  # every block starts as the first
+
+
+class LeavesStance(Good):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        torch.compiler.set_stance("force_eager")  # and never set back
+        return super().forward(x)
+
+
+class ReadsValue(Good):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if float(x.abs().amax()) > 1e30:  # a host read: a graph break under torch.compile
+            raise ValueError("x too large")
+        return super().forward(x)
+
+
+class Renamed(nn.Module):
+    def __init__(self, cfg: Config) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(cfg.C, cfg.d_ff)
+        self.out = nn.Linear(cfg.d_ff, cfg.C)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.relu(self.fc1(x)))  # (B, T, C)
+
+
+class Drifts(Good):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x) * 1.001  # (B, T, C) 0.1% off
+
+
+SIZE = {"V": 20, "T": 16, "C": 16, "L": 2, "H": 2, "d_ff": 24, "dropout": 0.0, "rope_theta": 1e4}
+
+
+def _probe(cls: type[nn.Module], given: dict[str, torch.Tensor] | None) -> Any:
+    size = PROBES.Size("small", SIZE, 2, 5, 24)
+    p = PROBES.Probe("m:X", cls, size, Config, 11, STATE.snapshot, STATE.changed, given=given)
+    p.run()
+    return p
+
+
+def _outputs(found: dict[str, torch.Tensor]) -> dict[str, oracle_run.Output]:
+    return {
+        k: oracle_run.Output(str(t.dtype).removeprefix("torch."), t.numpy())
+        for k, t in found.items()
+    }
+
+
+@functools.cache
+def _base(cls: type[nn.Module]) -> Any:
+    return _probe(cls, None)
+
+
+def _verdict(base_cls: type[nn.Module], head_cls: type[nn.Module]) -> list[tuple[str, str]]:
+    base = _base(base_cls)
+    head = _probe(head_cls, base.weights)
+    pair = protocol_rules.Pair(
+        "m:X", "small", "C=16", head.report, base.report,
+        _outputs(head.outputs), _outputs(base.outputs), stages=8, reduction=24,
+    )  # fmt: skip
+    return list(protocol_rules.judge(pair))
+
+
+@pytest.fixture(autouse=True)
+def _restore_stance() -> Any:
+    yield
+    torch.compiler.set_stance("default")
+
+
+def test_a_module_against_itself_keeps_every_promise() -> None:
+    assert _verdict(Good, Good) == []
+    assert _verdict(TiesBlocks, TiesBlocks) == []
+
+
+@pytest.mark.parametrize(
+    ("variant", "rule", "words"),
+    [
+        (Unpicklable, "protocol.round-trip", "pickle of the module raised"),
+        (HoldsCopy, "protocol.memory", "bytes of tensors after 1 call"),
+        (SkipsHooks, "protocol.hooks", "fc: forward pre-hooks and hooks fired [0, 0] times"),
+        (Reseeds, "protocol.init", "the same under two seeds"),
+        (LeavesStance, "protocol.process-state", "torch.compiler.stance"),
+        (ReadsValue, "protocol.compile", "graph(s) with 1 break(s)"),
+        (Renamed, "protocol.state-dict", "state_dict lacks ['fc.bias', 'fc.weight']"),
+        (Drifts, "protocol.load", "with the base's weights"),
+    ],
+)
+def test_each_broken_promise_is_its_rule(variant: type[nn.Module], rule: str, words: str) -> None:
+    found = _verdict(Good, variant)
+    assert rule in {r for r, _ in found}, found
+    assert any(words in m for r, m in found if r == rule), found
+
+
+def test_blocks_that_start_equal_are_found() -> None:
+    found = _verdict(TiesBlocks, TiedBlocks)
+    words = "a.weight and b.weight start equal, where the base's start different"
+    assert ("protocol.init", words) in found
+
+
+def test_the_process_state_covers_torch_globals_without_a_list() -> None:
+    """A flag no rule names (a backend's, a config's) is in the snapshot and seen to move."""
+    before = STATE.snapshot()
+    torch.backends.mkldnn.enabled = False
+    torch._dynamo.config.suppress_errors = not torch._dynamo.config.suppress_errors
+    try:
+        moved = STATE.changed(before, STATE.snapshot())
+    finally:
+        torch.backends.mkldnn.enabled = True
+        torch._dynamo.config.suppress_errors = not torch._dynamo.config.suppress_errors
+    assert moved == ["torch._dynamo.config.suppress_errors", "torch.backends.mkldnn.enabled"]
+    assert STATE.changed(before, STATE.snapshot()) == []
+
+
+def test_the_sizes_are_drawn_from_the_seed_and_build_the_real_config() -> None:
+    from niels_gpt.config import ModelConfig
+
+    assert protocol.sizes(5) == protocol.sizes(5)
+    assert protocol.sizes(5) != protocol.sizes(6)
+    for seed in range(40):
+        small, real = protocol.sizes(seed)
+        ModelConfig(**small["cfg"])
+        ModelConfig(**real["cfg"])
+        assert 1 <= small["T"] <= small["cfg"]["T"] and 2 <= real["T"] <= 1024
+        assert real["cfg"]["C"] == 768 and real["rows"] in (2304, 3072)
+
+
+def test_the_classes_come_from_the_specs_api() -> None:
+    specs = load_specs(WorkingTree(GitRepo(ROOT)))
+    found = protocol.module_classes(list(specs.values()))
+    assert "niels_gpt.model.gpt:GPT" in found
+    assert "niels_gpt.model.quant:Int8Linear" in found
+    assert "niels_gpt.model.attention:CausalSelfAttention" in found
+    assert protocol.config_class(list(specs.values())) == "niels_gpt.config:ModelConfig"
+
+
+@pytest.mark.parametrize(
+    ("report", "problem"),
+    [
+        (b"not json", "unreadable report"),
+        (json.dumps({"classes": {}}).encode(), "unreadable report"),
+        (
+            json.dumps(
+                {
+                    "classes": {"a": {"small": {"build": None, "memory": {"1": -5}}}},
+                    "defined": {},
+                    "dtypes": {},
+                    "skipped": {},
+                    "fatal": None,
+                }
+            ).encode(),
+            "unreadable report",
+        ),
+    ],
+)
+def test_a_malformed_report_is_a_problem(report: bytes, problem: str, tmp_path: Path) -> None:
+    answer = Answer("head")
+    protocol_run._decode(report, tmp_path, answer)
+    assert answer.problem is not None and answer.problem.startswith(problem)
