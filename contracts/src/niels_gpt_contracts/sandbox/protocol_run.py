@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from jsonschema import Draft202012Validator, ValidationError  # type: ignore[import-untyped]
 import numpy as np
+from jsonschema import Draft202012Validator, ValidationError  # type: ignore[import-untyped]
 from safetensors.numpy import load_file
 
 from niels_gpt_contracts.sandbox import confine, oracle_run, processes

@@ -23,6 +23,7 @@ from niels_gpt_contracts.checks import (
     api,
     autoload,
     coverage,
+    device_branches,
     devices,
     invariants,
     modules,
@@ -201,6 +202,10 @@ def judge_pr_static(ctx: pr_context.PrContext, result: Result) -> None:
     loading = autoload.check_autoload(spec, ctx.changes, ctx.base_side, ctx.head_tree)
     result.outcomes.append(
         _outcome(spec.id, "autoload", loading, "no self-loading file, table or link")
+    )
+    branches = device_branches.check(ctx)
+    result.outcomes.append(
+        _outcome(spec.id, device_branches.CHECK, branches, "no new branch on the device type")
     )
 
 
