@@ -68,6 +68,33 @@ def test_a_stage_whose_tests_import_another_depends_on_it(repo: Repo) -> None:
     assert last["alpha"] != after["alpha"] and last["beta"] != after["beta"]
 
 
+def test_a_test_importing_a_package_depends_on_the_modules_behind_it(repo: Repo) -> None:
+    """A stage whose code lives in named modules behind an ``__init__`` re-export
+    (``from ngx.gamma import X``, X in ``ngx/gamma/impl.py``): a test importing the
+    package depends on that stage, so an edit there makes the test's stage stale
+    (quant's acceptance tests import the GPT, whose attention was edited)."""
+    repo.write("packages/beta/src/ngx/gamma/__init__.py", "from ngx.gamma.impl import X\n")
+    repo.write("packages/beta/src/ngx/gamma/impl.py", "X = 1\n")
+    repo.write("specs/alpha/tests/test_uses_gamma.py", "from ngx.gamma import X\n")
+    before = fingerprint.stage_keys(repo.root)
+    repo.replace("packages/beta/src/ngx/gamma/impl.py", "X = 1", "X = 2")
+    after = fingerprint.stage_keys(repo.root)
+    assert after["beta"] != before["beta"]
+    assert after["alpha"] != before["alpha"]  # alpha's package does not depend on beta
+
+
+def test_the_real_quant_row_goes_stale_when_attention_changes(tmp_path: Path) -> None:
+    root = Path(__file__).resolve().parents[2]
+    copy = tmp_path / "tree"
+    subprocess.run(["git", "clone", "-q", str(root), str(copy)], check=True)
+    before = fingerprint.stage_keys(copy)
+    causal = copy / "packages/attention/src/niels_gpt/model/attention/causal.py"
+    causal.write_text(causal.read_text(encoding="utf-8") + "# a comment\n", encoding="utf-8")
+    after = fingerprint.stage_keys(copy)
+    assert after["quant"] != before["quant"]
+    assert after["rope"] == before["rope"] and after["core"] == before["core"]
+
+
 def test_an_acceptance_test_belongs_to_its_stage(repo: Repo) -> None:
     before = fingerprint.stage_keys(repo.root)
     repo.write("specs/alpha/tests/test_accept.py", "def test_a():\n    pass\n")

@@ -113,9 +113,11 @@ def _requirement_name(text: str) -> str | None:
 
 
 def _module_of(rel: tuple[str, ...]) -> str | None:
-    """``packages/<s>/src/a/b.py`` -> ``a.b``; anything else -> ``None``."""
+    """``packages/<s>/src/a/b.py`` -> ``a.b``, ``.../a/b/__init__.py`` -> ``a.b`` (what an
+    import names: ``from a.b import X`` loads the package); anything else -> ``None``."""
     if len(rel) > 3 and rel[0] == "packages" and rel[2] == "src" and rel[-1].endswith(".py"):
-        return ".".join((*rel[3:-1], rel[-1].removesuffix(".py")))
+        parts = (*rel[3:-1], rel[-1].removesuffix(".py"))
+        return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
     return None
 
 
