@@ -26,6 +26,7 @@ from typing import Any
 
 from niels_gpt_contracts.checks.api_source import judge_source
 from niels_gpt_contracts.checks.signatures import compare_signatures, norm, parse_signature
+from niels_gpt_contracts.errors import ConfigError
 from niels_gpt_contracts.gitdiff import Tree, WorkingTree
 from niels_gpt_contracts.result import Violation
 from niels_gpt_contracts.rules import RuleDoc
@@ -145,10 +146,8 @@ def probe(
                 check=False,
             )
         except subprocess.TimeoutExpired:
-            return [
-                {"object": e.object, "probe_error": f"import probe timed out after {TIMEOUT_S} s"}
-                for e in entries
-            ]
+            why = f"import probe timed out after {TIMEOUT_S} s"
+            return [{"object": e.object, "probe_error": why, "timed_out": True} for e in entries]
         lines = done.stdout.strip().splitlines()
         if done.returncode != 0 or not lines:
             tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
@@ -254,10 +253,29 @@ def check_api(
     python: str = sys.executable,
     env: Mapping[str, str] | None = None,
     only: Collection[str] | None = None,
+    base: tuple[Tree, Collection[str] | None] | None = None,
 ) -> dict[str, list[Violation]]:
-    """API violations per stage, one probe for all of ``specs`` (see ``probe`` for the rest)."""
+    """API violations per stage, one probe for all of ``specs`` (see ``probe`` for the rest).
+
+    With ``base`` (the PR gate: the base's tree and its owned files), a probe
+    that timed out on ``tree`` is run on the base's code too: if the base's
+    times out as well, the machine, not the PR, is too slow to judge.
+
+    Raises:
+        ConfigError: the probe timed out on the PR's code and on the base's.
+    """
     entries = [(s, e) for s in specs for e in s.api]
     results = probe(tree, [e for _, e in entries], python, env, only)
+    if base is not None and any(r.get("timed_out") for r in results):
+        again = probe(base[0], [e for _, e in entries], python, env, base[1])
+        if any(r.get("timed_out") for r in again):
+            raise ConfigError(
+                f"could not judge: the import probe timed out after {TIMEOUT_S} s on the PR's "
+                "code and on the base's (the machine is too busy, not the PR too slow)"
+            )
+        for r in results:
+            if r.get("timed_out"):
+                r["probe_error"] += ", where the base's code answered in time"
     out: dict[str, list[Violation]] = {s.id: [] for s in specs}
     for (spec, entry), found in zip(entries, results, strict=True):
         out[spec.id].extend(judge(spec, entry, found, tree))

@@ -142,7 +142,8 @@ def api_phase(v: State) -> Iterator[Outcome]:
     assert v.box is not None
     owned = [f for s in v.ctx.specs.values() for f in s.module_files]
     spec = v.ctx.spec
-    found = api.check_api([spec], v.ctx.head_tree, v.box.python, v.box.environ([]), owned)
+    base = (v.ctx.base_tree, owned)  # a timeout is judged against the base's own probe
+    found = api.check_api([spec], v.ctx.head_tree, v.box.python, v.box.environ([]), owned, base)
     processes.reap_orphans()
     yield _outcome(spec.id, "api", found.get(spec.id, []), f"{len(spec.api)} objects match")
 

@@ -177,7 +177,8 @@ def run_pr(request: Request) -> Result:
     add_rule_texts(result, [ctx.spec])
     judge_pr_static(ctx, result)
     python = request.python or sys.executable
-    api_found = api.check_api([ctx.spec], ctx.head_tree, python) if request.api else None
+    base = (ctx.base_tree, None)  # a timeout is judged against the base's own probe
+    api_found = api.check_api([ctx.spec], ctx.head_tree, python, base=base) if request.api else None
     claims = invariants.scan_claims(ctx.head_tree)
     names_in = (sys.executable, None) if request.api else None
     stage_checks(
