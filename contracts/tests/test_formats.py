@@ -89,3 +89,22 @@ def test_junit(repo: Repo) -> None:
     root = ET.fromstring(out.split("?>", 1)[1])
     assert len(root.findall(".//failure")) == 2
     assert sum(int(s.get("failures", "0")) for s in root.findall("testsuite")) == 2
+
+
+def test_a_verdict_stopped_early_does_not_call_its_devices_skipped() -> None:
+    """Device rows left NOT RUN because the verdict stopped at an earlier BROKEN row
+    say nothing of the device: the summary says it stopped, not 'a skip is not a pass'."""
+    from niels_gpt_contracts.reporters.common import summary
+    from niels_gpt_contracts.result import STOPPED, Outcome, Result, Violation
+
+    result = Result(mode="pr", stages=["s"], base="a" * 40, head="b" * 40)
+    found = [Violation("protocol.hooks", "x.py", None, "hooks", "s", "protocol")]
+    result.outcomes += [
+        Outcome("s", "protocol", "BROKEN", "1 violation(s)", found),
+        Outcome("s", "device:cpu", "NOT RUN", f"{STOPPED} (protocol); --full runs it"),
+    ]
+    text = summary(result)
+    assert "a skip is not a pass" not in text
+    assert "stopped at the first BROKEN row" in text
+    result.outcomes.append(Outcome("s", "device:mps", "NOT RUN", "mps not usable here"))
+    assert "not run on mps (a skip is not a pass)" in summary(result)

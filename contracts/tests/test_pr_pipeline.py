@@ -16,7 +16,7 @@ from niels_gpt_contracts.verdict.state import PrRequest
 
 MIXER = "packages/mixer/src/ngt/model/mixer.py"
 PHASES = [
-    "static", "environment", "api", "names", "runtime:cpu", "oracle:cpu", "tests:cpu",
+    "static", "environment", "api", "names", "protocol", "runtime:cpu", "oracle:cpu", "tests:cpu",
     "mutants", "weakened", "sandbox",
 ]  # fmt: skip
 

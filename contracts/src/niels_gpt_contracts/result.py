@@ -33,6 +33,9 @@ Status = Literal["KEPT", "BROKEN", "NOT RUN"]
 KEPT: Status = "KEPT"
 BROKEN: Status = "BROKEN"
 NOT_RUN: Status = "NOT RUN"
+# How a row the verdict skipped after its first BROKEN one begins (``verdict.pipeline``):
+# such a row says nothing of its device, so the summary does not call it a skip.
+STOPPED = "not run: the verdict stopped at the first BROKEN row"
 
 # Version of the JSON report (``--format json`` of ``check`` and ``mutants``)
 # that ``specs/report.schema.json`` describes; bump both together.

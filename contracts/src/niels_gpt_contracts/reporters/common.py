@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import unicodedata
 
-from niels_gpt_contracts.result import BROKEN, KEPT, NOT_RUN, Result, Violation
+from niels_gpt_contracts.result import BROKEN, KEPT, NOT_RUN, STOPPED, Result, Violation
 
 # Characters that change how a line reads rather than what it says: bidi
 # embeddings, overrides and isolates ("Trojan Source"), and the marks.
@@ -78,11 +78,15 @@ def summary(result: Result) -> str:
         {
             o.check.split(":", 1)[1]
             for o in result.outcomes
-            if o.status == NOT_RUN and o.check.startswith("device:")
+            if o.status == NOT_RUN
+            and o.check.startswith("device:")
+            and not o.summary.startswith(STOPPED)  # the verdict stopped before the device
         }
     )
     if not_run:
         text += f"; not run on {', '.join(not_run)} (a skip is not a pass)"
+    if any(o.summary.startswith(STOPPED) for o in result.outcomes):
+        text += "; stopped at the first BROKEN row (--full runs the rest)"
     if result.mode == "pr":
         text += f"; base {result.base[:12] if result.base else '?'}, "
         text += f"head {result.head[:12] if result.head else 'working tree'}"

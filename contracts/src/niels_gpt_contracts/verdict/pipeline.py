@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from niels_gpt_contracts.result import BROKEN, NOT_RUN, Outcome, Result
+from niels_gpt_contracts.result import BROKEN, NOT_RUN, STOPPED, Outcome, Result
 
 # Called with each new row and the seconds since the first phase began.
 OnRow = Callable[[Outcome, float], None]
@@ -69,9 +69,7 @@ def run(
     stopped: str | None = None
     for phase in phases:
         if stopped is not None and not phase.always:
-            why = (
-                f"not run: the verdict stopped at the first BROKEN row ({stopped}); --full runs it"
-            )
+            why = f"{STOPPED} ({stopped}); --full runs it"
             result.outcomes.extend(Outcome(stage, c, NOT_RUN, why) for c in phase.checks)
             show()
             continue
