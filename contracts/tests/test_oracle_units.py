@@ -153,3 +153,27 @@ def test_a_broken_stream_is_refused(broken: bytes) -> None:
 
 def test_a_stream_without_its_end_is_not_done() -> None:
     assert read_stream(io.BytesIO(GOOD), Stream("head")) is False
+
+
+def test_an_oracle_row_names_the_module_the_pr_changed() -> None:
+    """Not the package's ``__init__.py`` (a re-export): the module the PR edited, or
+    else the first that holds code."""
+    from pathlib import Path
+
+    from niels_gpt_contracts.checks.loading import load_specs
+    from niels_gpt_contracts.gitdiff import GitRepo, WorkingTree
+    from niels_gpt_contracts.verdict.oracle_compare import Judge
+
+    spec = load_specs(WorkingTree(GitRepo(Path(__file__).resolve().parents[2])))["attention"]
+    causal = next(f for f in spec.module_files if f.endswith("/attention/causal.py"))
+    other = next(f for f in spec.module_files if not f.endswith(("__init__.py", "causal.py")))
+    assert spec.module_files[0].endswith("__init__.py")
+    j = Judge("attention", "oracle:cpu", frozenset({causal}))
+    j.add(spec, "oracle.differs", "x")
+    assert j.found[-1].path == causal
+    j = Judge("attention", "oracle:cpu", frozenset({other}))
+    j.add(spec, "oracle.differs", "x")
+    assert j.found[-1].path == other
+    j = Judge("attention", "oracle:cpu")
+    j.add(spec, "oracle.differs", "x")
+    assert not str(j.found[-1].path).endswith("__init__.py")

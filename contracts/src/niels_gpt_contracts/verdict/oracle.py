@@ -189,7 +189,10 @@ def judge(
     if unswept:
         raise ConfigError(f"the oracle's trusted drivers left a declared axis unswept: {unswept}")
     depends = explain.depends(ctx.specs, p.uses)
-    outcome, j = _decide(stage, stages, based, by_stage, streams[0], streams[1], seed, depends)
+    changed = frozenset(p for c in ctx.changes for p in c.paths())
+    outcome, j = _decide(
+        stage, stages, based, by_stage, streams[0], streams[1], seed, depends, changed
+    )
     picks = explain.smallest(j.failed, stage)
     if out is not None and picks:
         ref = by_stage.get(stage, Stream("reference"))
@@ -281,8 +284,9 @@ def _decide(
     base: Stream,
     seed: int,
     depends: dict[str, set[str]],
+    changed: frozenset[str] = frozenset(),
 ) -> tuple[Outcome, Judge]:
-    j = Judge(stage, CHECK)
+    j = Judge(stage, CHECK, changed)
     problem = head.problem or head.fatal
     if problem:
         j.add(stages[0], "oracle.error", f"the PR's code gave no usable answer: {problem}")

@@ -60,9 +60,10 @@ MAX_PER_STAGE = 3  # violations reported per stage: the first differing calls
 class Judge:
     """Collects the violations of one verdict's comparison."""
 
-    def __init__(self, pr_stage: str, check: str) -> None:
+    def __init__(self, pr_stage: str, check: str, changed: AbstractSet[str] = frozenset()) -> None:
         self.pr_stage = pr_stage
         self.check = check
+        self.changed = changed  # the paths the PR changed: a row names the module it edited
         self.found: list[Violation] = []
         self.owners: list[str] = []  # the stage each of ``found`` is about
         self.compared = 0
@@ -70,11 +71,19 @@ class Judge:
         self.failed: list[explain.Failed] = []  # every call that differed, for the reproducer
 
     def add(self, spec: Spec, rule: str, message: str, *, line: int | None = None) -> None:
-        path = spec.path if rule.startswith(("runtime.", "oracle.error")) else spec.module_files[0]
+        path = spec.path if rule.startswith(("runtime.", "oracle.error")) else self._module(spec)
         self.found.append(
             Violation(rule, path, line, f"{spec.id}: {message}", self.pr_stage, self.check)
         )
         self.owners.append(spec.id)
+
+    def _module(self, spec: Spec) -> str:
+        """The stage module a row names: the first the PR changed, else the first that
+        holds code rather than re-exports (``__init__.py``), else the first listed."""
+        files = spec.module_files
+        edited = [f for f in files if f in self.changed]
+        named = [f for f in files if not f.endswith("/__init__.py")]
+        return (edited or named or list(files))[0]
 
     def stage(
         self,
