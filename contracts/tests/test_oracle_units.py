@@ -177,3 +177,23 @@ def test_an_oracle_row_names_the_module_the_pr_changed() -> None:
     j = Judge("attention", "oracle:cpu")
     j.add(spec, "oracle.differs", "x")
     assert not str(j.found[-1].path).endswith("__init__.py")
+
+
+def test_a_broken_invariant_is_read_before_the_differences_it_causes() -> None:
+    from niels_gpt_contracts.result import Violation
+    from niels_gpt_contracts.verdict.oracle_compare import Judge
+
+    j = Judge("attention", "oracle:cpu")
+    for rule, owner in (
+        ("oracle.differs", "attention"),
+        ("oracle.differs", "block"),
+        ("oracle.invariant", "attention"),
+        ("oracle.side-effect", "block"),
+    ):
+        j.found.append(Violation(rule, None, None, rule, "attention", "oracle:cpu"))
+        j.owners.append(owner)
+    found, owners = j.contracts_first()
+    assert [v.rule for v in found] == [
+        "oracle.invariant", "oracle.side-effect", "oracle.differs", "oracle.differs"
+    ]  # fmt: skip
+    assert owners == ["attention", "block", "attention", "block"]

@@ -310,7 +310,7 @@ def _decide(
         else ""
     )
     if j.found:
-        found = explain.summarise(j.found, j.owners, stage, depends)
+        found = explain.summarise(*j.contracts_first(), stage, depends)
         summary = f"{len(found)} violation(s) (seed {seed:#x}){note}"
         return Outcome(stage, CHECK, BROKEN, summary, found), j
     summary = (

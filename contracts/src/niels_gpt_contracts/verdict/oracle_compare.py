@@ -77,6 +77,16 @@ class Judge:
         )
         self.owners.append(spec.id)
 
+    def contracts_first(self) -> tuple[list[Violation], list[str]]:
+        """``found`` and ``owners`` with each broken promise before the numbers.
+
+        A violated invariant (causality, row independence) or side effect names
+        what broke; the differing outputs mostly follow from it, so they come
+        after (stable within each kind: the calls' order stays).
+        """
+        order = sorted(range(len(self.found)), key=lambda i: self.found[i].rule == "oracle.differs")
+        return [self.found[i] for i in order], [self.owners[i] for i in order]
+
     def _module(self, spec: Spec) -> str:
         """The stage module a row names: the first the PR changed, else the first that
         holds code rather than re-exports (``__init__.py``), else the first listed."""
