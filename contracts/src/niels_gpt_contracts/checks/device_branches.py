@@ -25,6 +25,7 @@ from __future__ import annotations
 import ast
 from collections import Counter
 from collections.abc import Iterator
+from typing import TypeGuard
 
 from niels_gpt_contracts.checks import pr_context
 from niels_gpt_contracts.result import Violation
@@ -56,6 +57,18 @@ def _names(node: ast.expr) -> set[str]:
     }
 
 
+def _flag_by_name(node: ast.AST) -> TypeGuard[ast.Call]:
+    """``getattr(x, "is_cuda", ...)``: a device-kind flag read by name."""
+    return (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == "getattr"
+        and len(node.args) >= 2
+        and isinstance(node.args[1], ast.Constant)
+        and node.args[1].value in FLAGS
+    )
+
+
 def sites(source: str) -> Iterator[tuple[int, str]]:
     """``(line, text)`` of every branch on the device type in ``source``.
 
@@ -63,15 +76,7 @@ def sites(source: str) -> Iterator[tuple[int, str]]:
         SyntaxError: ``source`` is not Python (the source check reports it).
     """
     for node in ast.walk(ast.parse(source)):
-        flag = isinstance(node, ast.Attribute) and node.attr in FLAGS
-        if flag or (  # getattr(x, "is_cuda", ...): the flag by name
-            isinstance(node, ast.Call)
-            and isinstance(node.func, ast.Name)
-            and node.func.id == "getattr"
-            and len(node.args) >= 2
-            and isinstance(node.args[1], ast.Constant)
-            and node.args[1].value in FLAGS
-        ):
+        if (isinstance(node, ast.Attribute) and node.attr in FLAGS) or _flag_by_name(node):
             yield node.lineno, ast.unparse(node)
         elif isinstance(node, ast.Compare):
             sides = [node.left, *node.comparators]

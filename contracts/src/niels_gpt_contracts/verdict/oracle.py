@@ -189,9 +189,9 @@ def judge(
     if unswept:
         raise ConfigError(f"the oracle's trusted drivers left a declared axis unswept: {unswept}")
     depends = explain.depends(ctx.specs, p.uses)
-    changed = frozenset(p for c in ctx.changes for p in c.paths())
+    edited = frozenset(path for c in ctx.changes for path in c.paths())
     outcome, j = _decide(
-        stage, stages, based, by_stage, streams[0], streams[1], seed, depends, changed
+        stage, stages, based, by_stage, streams[0], streams[1], seed, depends, edited
     )
     picks = explain.smallest(j.failed, stage)
     if out is not None and picks:

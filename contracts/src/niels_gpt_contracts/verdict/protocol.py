@@ -138,31 +138,46 @@ def judge_protocol(
         ConfigError: the base's worker failed (no verdict).
     """
     stage = p.stage.id
-    classes = module_classes(p.closure)
-    config = config_class(list(ctx.specs.values()))
-    if not classes or config is None:
+    if not module_classes(p.closure) or config_class(list(ctx.specs.values())) is None:
         return Outcome(stage, CHECK, NOT_RUN, "no stage of the closure exports a class")
     seed = secrets.randbits(63) if seed is None else seed
-    drawn = sizes(seed)
-    request = {
-        "seed": seed,
-        "names": sorted(namespaces(ctx.specs)),
-        "config": config,
-        "classes": [[c, c] for c in classes],
-        "sizes": drawn,
-        "given": None,
-    }
+    request = request_for(list(ctx.specs.values()), p.closure, seed)
+    drawn = request["sizes"]
     base, head, changed = _run(box, code, request, scratch, timeout)
     say(f"protocol: base {base.seconds:.1f} s, head {head.seconds:.1f} s, seed {seed:#x}")
-    specs = list(ctx.specs.values())
     if changed:
         why = f"{changed[0]} changed while the PR's protocol worker ran ({len(changed)} file(s))"
         found = [Violation("sandbox.tampered", changed[0], None, why, stage, CHECK)]
         return Outcome(stage, CHECK, BROKEN, "the base's weights or code changed", found)
+    return decide(p.stage, list(ctx.specs.values()), drawn, base, head, seed)
+
+
+def request_for(specs: Sequence[Spec], closure: Sequence[Spec], seed: int) -> dict[str, Any]:
+    """A worker's request: the closure's classes at the sizes drawn from ``seed``."""
+    return {
+        "seed": seed,
+        "names": sorted(namespaces({s.id: s for s in specs})),
+        "config": config_class(specs),
+        "classes": [[c, c] for c in module_classes(closure)],
+        "sizes": sizes(seed),
+        "given": None,
+    }
+
+
+def decide(
+    spec: Spec,
+    specs: Sequence[Spec],
+    drawn: Sequence[dict[str, Any]],
+    base: protocol_run.Answer,
+    head: protocol_run.Answer,
+    seed: int,
+) -> Outcome:
+    """The row from both workers' answers (the base's already known to be sound)."""
+    stage = spec.id
     problem = head.problem or head.report.get("fatal")
     if problem:
         why = f"the PR's code gave no usable answer: {problem} (the base's: {base.seconds:.0f} s)"
-        found = [Violation("protocol.error", p.stage.path, None, why, stage, CHECK)]
+        found = [Violation("protocol.error", spec.path, None, why, stage, CHECK)]
         return Outcome(stage, CHECK, BROKEN, "the PR's protocol worker failed", found)
     found = []
     probed = 0
@@ -184,7 +199,7 @@ def judge_protocol(
             )  # fmt: skip
             for rule, message in judge(pair):
                 text = f"{label.rpartition(':')[2]} ({size['name']} size): {message}"
-                found.append(Violation(rule, path or p.stage.path, None, text, stage, CHECK))
+                found.append(Violation(rule, path or spec.path, None, text, stage, CHECK))
     if found:
         summary = f"{len(found)} violation(s) over {probed} class probe(s) (seed {seed:#x})"
         return Outcome(stage, CHECK, BROKEN, summary, found[:MAX_ROWS])
