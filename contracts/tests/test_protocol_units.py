@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import json
+import struct
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -21,6 +22,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from safetensors.torch import save
 from torch import nn
 
 from niels_gpt_contracts.checks.loading import load_specs
@@ -142,16 +144,24 @@ SIZE = {"V": 20, "T": 16, "C": 16, "L": 2, "H": 2, "d_ff": 24, "dropout": 0.0, "
 
 def _probe(cls: type[nn.Module], given: dict[str, torch.Tensor] | None) -> Any:
     size = PROBES.Size("small", SIZE, 2, 5, 24)
-    p = PROBES.Probe("m:X", cls, size, Config, 11, STATE.snapshot, STATE.changed, given=given)
+    full = given is None  # as the verdict runs it: a loading run answers outputs alone
+    p = PROBES.Probe(
+        "m:X", cls, size, Config, 11, STATE.snapshot, STATE.changed, given=given, full=full
+    )
     p.run()
     return p
 
 
 def _outputs(found: dict[str, torch.Tensor]) -> dict[str, oracle_run.Output]:
-    return {
-        k: oracle_run.Output(str(t.dtype).removeprefix("torch."), t.numpy())
-        for k, t in found.items()
-    }
+    out = {}
+    for key, t in found.items():
+        out[key] = oracle_run.Output(str(t.dtype).removeprefix("torch."), t.numpy())
+    return out
+
+
+def _answer(probe: Any) -> Answer:
+    report = {"classes": {"m:X": {"small": probe.report}}, "fatal": None}
+    return Answer("head", report=report, outputs=_outputs(probe.outputs))
 
 
 @functools.cache
@@ -160,11 +170,15 @@ def _base(cls: type[nn.Module]) -> Any:
 
 
 def _verdict(base_cls: type[nn.Module], head_cls: type[nn.Module]) -> list[tuple[str, str]]:
+    """The rules over a base class and a PR class, run as the verdict runs them: the
+    PR's own measurements and a second run over the base's weights, merged."""
     base = _base(base_cls)
-    head = _probe(head_cls, base.weights)
+    head = protocol.merge(_answer(_probe(head_cls, None)), _answer(_probe(head_cls, base.weights)))
+    got = head.probe("m:X", "small")
+    assert got is not None
     pair = protocol_rules.Pair(
-        "m:X", "small", "C=16", head.report, base.report,
-        _outputs(head.outputs), _outputs(base.outputs), stages=8, reduction=24,
+        "m:X", "small", "C=16", got, base.report,
+        head.outputs, _outputs(base.outputs), stages=8, reduction=24,
     )  # fmt: skip
     return list(protocol_rules.judge(pair))
 
@@ -241,26 +255,44 @@ def test_the_classes_come_from_the_specs_api() -> None:
     assert protocol.config_class(list(specs.values())) == "niels_gpt.config:ModelConfig"
 
 
+def _wire(report: bytes, blob: bytes = b"") -> bytes:
+    return struct.pack(">Q", len(report)) + report + struct.pack(">Q", len(blob)) + blob
+
+
+GOOD = {"classes": {}, "defined": {}, "dtypes": {}, "skipped": {}, "fatal": None}
+
+
 @pytest.mark.parametrize(
-    ("report", "problem"),
+    ("raw", "problem"),
     [
-        (b"not json", "unreadable report"),
-        (json.dumps({"classes": {}}).encode(), "unreadable report"),
+        (_wire(b"not json"), "unreadable report"),
+        (_wire(json.dumps({"classes": {}}).encode()), "unreadable report"),
         (
-            json.dumps(
-                {
-                    "classes": {"a": {"small": {"build": None, "memory": {"1": -5}}}},
-                    "defined": {},
-                    "dtypes": {},
-                    "skipped": {},
-                    "fatal": None,
-                }
-            ).encode(),
+            _wire(
+                json.dumps(
+                    {**GOOD, "classes": {"a": {"small": {"build": None, "memory": {"1": -5}}}}}
+                ).encode()
+            ),
             "unreadable report",
+        ),
+        (_wire(json.dumps(GOOD).encode())[:-3], "unreadable report"),
+        (_wire(json.dumps(GOOD).encode(), b"not safetensors"), "outputs safetensors cannot"),
+        (
+            _wire(json.dumps({**GOOD, "dtypes": {"k": "float32"}}).encode(), save({})),
+            "the outputs do not match",
         ),
     ],
 )
-def test_a_malformed_report_is_a_problem(report: bytes, problem: str, tmp_path: Path) -> None:
+def test_a_malformed_answer_is_a_problem(raw: bytes, problem: str) -> None:
     answer = Answer("head")
-    protocol_run._decode(report, tmp_path, answer)
-    assert answer.problem is not None and answer.problem.startswith(problem)
+    protocol_run._decode(raw, answer)
+    assert answer.problem is not None and answer.problem.startswith(problem), answer.problem
+
+
+def test_a_well_formed_answer_is_read() -> None:
+    answer = Answer("head")
+    blob = save({"k": torch.ones(2, 3)})
+    protocol_run._decode(
+        _wire(json.dumps({**GOOD, "dtypes": {"k": "float32"}}).encode(), blob), answer
+    )
+    assert answer.problem is None and answer.outputs["k"].data.shape == (2, 3)

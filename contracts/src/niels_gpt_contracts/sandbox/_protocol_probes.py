@@ -7,10 +7,10 @@ PR's figures with the base's. For one module class and one configuration,
 
 - ``schema``: its ``state_dict`` (key -> shape, dtype), persistent and
   non-persistent buffers;
-- ``subject`` outputs: the instance with the weights it is given (the base's,
-  on the PR's side) or its own perturbed ones (the base's side), in eval mode
-  without grad; ``load`` is the error of a strict ``load_state_dict`` of the
-  given weights;
+- ``subject`` outputs: the instance with its own weights, perturbed off its
+  init from the seed, in eval mode without grad; or, given weights (the
+  base's, on the PR's side), ``loaded`` outputs with those, and ``load``, the
+  error of a strict ``load_state_dict`` of them;
 - ``trips``: the same outputs after ``pickle``, ``torch.save``/``torch.load``
   of the whole module, ``copy.deepcopy`` before and after a grad-enabled
   forward, or the error each raised;
@@ -237,7 +237,8 @@ class Probe:
         x = self._input(subject)
         if x is None:
             return self.report, self.outputs
-        self._keep("subject", self._step("forward", lambda: self._forward(subject, x)))
+        what = "subject" if self.given is None else "loaded"
+        self._keep(what, self._step("forward", lambda: self._forward(subject, x)))
         if self.full:
             self._trips(subject, x)
             self._hooks(x)

@@ -13,10 +13,12 @@ any stage code runs::
 For every class that is an ``nn.Module`` (classes that are the same object
 under several labels are probed once, under the first label) and every size,
 it runs a ``Probe``; with ``given`` (the base's ``weights.safetensors``), each
-probe loads those weights. It writes ``out/outputs.safetensors`` (every
-output, bfloat16 and float16 widened to float32 exactly), on the base's side
+probe loads those weights. Without ``given`` it writes
 ``out/weights.safetensors`` (the weights its subjects held, for the PR's
-worker), and one JSON report to file descriptor ``fd``::
+worker: inputs, not answers). Its answers go to file descriptor ``fd`` (a
+pipe no other process has), each part behind its length as 8 big-endian
+bytes: one JSON report, then every output as one safetensors blob (bfloat16
+and float16 widened to float32 exactly). The report::
 
     {"classes": {label: {size: report}}, "defined": {label: module},
      "dtypes": {key: torch dtype}, "skipped": {label: why}, "fatal": text or null}
@@ -34,6 +36,7 @@ import importlib  # noqa: E402
 import importlib.util  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
+import struct  # noqa: E402
 from pathlib import Path  # noqa: E402
 from types import ModuleType  # noqa: E402
 from typing import Any  # noqa: E402
@@ -73,7 +76,8 @@ def main() -> None:
     oracle_worker = _sibling("_oracle_worker")
     oracle_worker._not_dumpable()
     request = json.loads(sys.stdin.buffer.read())
-    answer = os.fdopen(int(request["fd"]), "w", encoding="utf-8", closefd=True)
+    answer = os.fdopen(int(request["fd"]), "wb", closefd=True)
+    blob = b""
     oracle_worker._isolate(list(request["roots"]), list(request["names"]))
     report: dict[str, Any] = {
         "classes": {}, "defined": {}, "dtypes": {}, "skipped": {}, "fatal": None
@@ -82,7 +86,7 @@ def main() -> None:
         state = _sibling("_protocol_state")
         probes = _sibling("_protocol_probes")
         import torch
-        from safetensors.torch import save_file
+        from safetensors.torch import save, save_file
 
         config_type = _resolve(request["config"])
         state.snapshot()  # the first snapshot imports the config modules
@@ -120,14 +124,14 @@ def main() -> None:
             report["dtypes"][key] = str(t.dtype).removeprefix("torch.")
             narrow = t.dtype in (torch.bfloat16, torch.float16)
             wide[key] = (t.float() if narrow else t).contiguous()  # t's shape
-        out = Path(request["out"])
-        save_file(wide, str(out / "outputs.safetensors"))
+        blob = save(wide)
         if request.get("given") is None:
             held = {k: v.contiguous() for k, v in weights.items()}
-            save_file(held, str(out / "weights.safetensors"))
+            save_file(held, str(Path(request["out"]) / "weights.safetensors"))
     except BaseException as err:  # the tree cannot be imported or probed at all
         report["fatal"] = oracle_worker._why(err)
-    json.dump(report, answer)
+    text = json.dumps(report).encode("utf-8")
+    answer.write(struct.pack(">Q", len(text)) + text + struct.pack(">Q", len(blob)) + blob)
     answer.close()
 
 

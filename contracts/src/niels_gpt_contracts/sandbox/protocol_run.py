@@ -3,8 +3,8 @@
 The worker (``_protocol_worker.py``) is the sandbox interpreter run with
 ``-I`` in the oracle's user-like environment (``oracle_run``: the code merged
 into one ``site-packages``-like folder, a scratch ``HOME``). Its report comes
-back as one JSON document on a pipe of its own, decoded against
-``REPORT_SCHEMA`` (jsonschema); its outputs as a safetensors file that
+back on a pipe of its own as one JSON document, decoded against
+``REPORT_SCHEMA`` (jsonschema), and its outputs as one safetensors blob that
 safetensors' own parser reads, each array checked against the dtype the
 report names. Anything malformed is ``Answer.problem``, which the caller
 judges fail-closed.
@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import struct
 import subprocess
 import tempfile
 import threading
@@ -26,13 +27,13 @@ from typing import Any
 
 import numpy as np
 from jsonschema import Draft202012Validator, ValidationError  # type: ignore[import-untyped]
-from safetensors.numpy import load_file
+from safetensors.numpy import load
 
 from niels_gpt_contracts.sandbox import confine, oracle_run, processes
 from niels_gpt_contracts.sandbox.environment import Sandbox
 
 WORKER = "_protocol_worker.py"
-MAX_REPORT = 1 << 26  # bytes of JSON one worker may send
+MAX_REPORT = 1 << 28  # bytes one worker may send: its report and its outputs
 
 _ERROR = {"type": ["string", "null"]}
 _COUNT = {"type": "integer", "minimum": 0}
@@ -145,20 +146,37 @@ class Answer:
         return found if isinstance(found, dict) else None
 
 
-def _decode(raw: bytes, out: Path, answer: Answer) -> None:
+def _parts(raw: bytes) -> tuple[bytes, bytes]:
+    """The report and the outputs blob of a worker's answer, each behind its 8-byte length.
+
+    Raises:
+        ValueError: lengths that do not add up to the bytes sent.
+    """
+    if len(raw) < 8:
+        raise ValueError(f"an answer of {len(raw)} bytes")
+    (n,) = struct.unpack(">Q", raw[:8])
+    if len(raw) < 16 + n:
+        raise ValueError(f"a report of {n} bytes in an answer of {len(raw)}")
+    (m,) = struct.unpack(">Q", raw[8 + n : 16 + n])
+    if len(raw) != 16 + n + m:
+        raise ValueError(f"outputs of {m} bytes where {len(raw) - 16 - n} came")
+    return raw[8 : 8 + n], raw[16 + n :]
+
+
+def _decode(raw: bytes, answer: Answer) -> None:
     try:
-        report = json.loads(raw)
+        text, blob = _parts(raw)
+        report = json.loads(text)
         Draft202012Validator(REPORT_SCHEMA).validate(report)
     except (ValueError, ValidationError) as err:
         answer.problem = f"unreadable report: {str(err).splitlines()[0][:300]}"
         return
     answer.report = report
-    path = out / "outputs.safetensors"
     if report["fatal"] is not None:
         return
     try:
-        arrays = load_file(str(path))
-    except Exception as err:  # safetensors' own error, or a missing file
+        arrays = load(blob)
+    except Exception as err:  # safetensors' own error
         answer.problem = f"outputs safetensors cannot read: {str(err)[:200]!r}"
         return
     dtypes: dict[str, str] = report["dtypes"]
@@ -180,11 +198,14 @@ def run(
     request: Mapping[str, Any],
     out: Path,
     timeout: float,
+    started: threading.Event | None = None,
 ) -> Answer:
     """Run one worker over ``roots`` (``packages/*/src`` trees) with ``request``.
 
     ``out`` is the worker's own folder (created here); the caller reads
-    ``weights.safetensors`` from it on the base's side.
+    ``weights.safetensors`` from it on the base's side. ``started`` is set once
+    the worker process exists (a caller may then make ``out`` read-only for the
+    processes it starts next).
     """
     answer = Answer(label)
     home = Path(tempfile.mkdtemp())
@@ -207,6 +228,8 @@ def run(
         start_new_session=True,
     )
     os.close(write_fd)
+    if started is not None:
+        started.set()
     chunks: list[bytes] = []
 
     def reader() -> None:
@@ -239,5 +262,5 @@ def run(
             tail = (err.decode("utf-8", "replace").strip().splitlines() or ["no output"])[-1]
             answer.problem = f"the worker ended early (exit {proc.returncode}): {tail[:300]}"
         else:
-            _decode(b"".join(chunks), out, answer)
+            _decode(b"".join(chunks), answer)
     return answer

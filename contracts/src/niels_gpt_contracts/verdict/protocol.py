@@ -9,17 +9,20 @@ pickle/save/deepcopy, hooks, init statistics, global state, held memory and
 compilation. A second, real-model size (GPT-2 small's ``C = 768`` with 2304-
 or 3072-row layers, ``T`` drawn up to 1024) is judged on outputs alone.
 
-The base's worker runs first (one thread) and leaves the weights its modules
-held; the PR's worker loads them. Both report figures (``sandbox.protocol_run``);
-this module decides. A base that cannot be probed is no verdict (``ConfigError``,
-exit 2); a PR whose worker fails where the base's finished is BROKEN.
+The base's worker (one thread) and the PR's run side by side; the base's
+leaves the weights its modules held, and a second PR worker loads them. The
+workers report figures (``sandbox.protocol_run``); this module decides. A
+base that cannot be probed is no verdict (``ConfigError``, exit 2); a PR
+whose worker fails where the base's finished is BROKEN.
 """
 
 from __future__ import annotations
 
 import random
 import secrets
+import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -103,23 +106,71 @@ def _file(specs: Sequence[Spec], module: str | None) -> tuple[str | None, str | 
 def _run(
     box: Sandbox, code: tuple[Path, Path], request: dict[str, Any], scratch: Path, timeout: float
 ) -> tuple[protocol_run.Answer, protocol_run.Answer, list[str]]:
-    """The base's worker, then the PR's over the base's weights; files the PR's run changed."""
-    base = protocol_run.run(
-        box, "base", workspace.src_roots(code[1]), request, scratch / "base", timeout
-    )
+    """The base's worker and the PR's side by side, then the PR's over the base's weights.
+
+    The PR's first worker measures everything but the base's outputs (its own
+    weights suffice); it starts once the base's exists, with the base's folder
+    read-only to it. The second loads the base's weights and answers at every
+    size. Returns the base's answer, the PR's two merged (``merge``), and the
+    files under the base's folder or the code that changed while the PR's ran.
+
+    Raises:
+        ConfigError: the base's worker failed (no verdict).
+    """
+    src = (workspace.src_roots(code[0]), workspace.src_roots(code[1]))
+    started = threading.Event()
+    full = {**request, "sizes": [s for s in request["sizes"] if s["full"]]}
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        pending = pool.submit(
+            protocol_run.run, box, "base", src[1], request, scratch / "base", timeout, started
+        )
+        while not started.wait(0.05) and not pending.done():
+            pass
+        confine.add_readonly(box, [scratch / "base"])
+        before = Snapshot.take(list(code))
+        own = protocol_run.run(box, "head", src[0], full, scratch / "head", timeout)
+        base = pending.result()
     if base.problem or base.report.get("fatal"):
         raise ConfigError(
             f"the module protocol's base worker failed: {base.problem or base.report['fatal']}"
         )
-    (scratch / "base" / "outputs.safetensors").unlink(missing_ok=True)
-    confine.add_readonly(box, [scratch / "base"])
     watched = [scratch / "base", *code]
-    before = Snapshot.take(watched)
-    given = {**request, "given": str(scratch / "base" / "weights.safetensors")}
-    head = protocol_run.run(
-        box, "head", workspace.src_roots(code[0]), given, scratch / "head", timeout
-    )
-    return base, head, before.changes(Snapshot.take(watched))
+    weights = Snapshot.take(watched)
+    loading = {
+        **request,
+        "sizes": [{**s, "full": False} for s in request["sizes"]],
+        "given": str(scratch / "base" / "weights.safetensors"),
+    }
+    loaded = protocol_run.run(box, "head", src[0], loading, scratch / "loaded", timeout)
+    changed = before.changes(Snapshot.take(list(code))) + weights.changes(Snapshot.take(watched))
+    return base, merge(own, loaded), sorted(set(changed))
+
+
+def merge(own: protocol_run.Answer, loaded: protocol_run.Answer) -> protocol_run.Answer:
+    """The PR's two answers as one: the first's measurements, the second's loads.
+
+    Per class and size, the loading run's report under the first run's (whose
+    figures win, ``load`` excepted); outputs of both (``subject`` and ``trip:*``
+    from the first, ``loaded`` from the second); the first problem of either.
+    """
+    out = protocol_run.Answer("head", seconds=own.seconds + loaded.seconds)
+    out.problem = own.problem or loaded.problem
+    fatal = own.report.get("fatal") or loaded.report.get("fatal")
+    classes: dict[str, dict[str, Any]] = {}
+    for label in sorted({*own.report.get("classes", {}), *loaded.report.get("classes", {})}):
+        sizes_ = {
+            *own.report.get("classes", {}).get(label, {}),
+            *loaded.report.get("classes", {}).get(label, {}),
+        }
+        for size in sizes_:
+            mine, theirs = own.probe(label, size) or {}, loaded.probe(label, size) or {}
+            joined = {**theirs, **mine}
+            if "load" in theirs:
+                joined["load"] = theirs["load"]
+            classes.setdefault(label, {})[size] = joined
+    out.report = {**loaded.report, **own.report, "classes": classes, "fatal": fatal}
+    out.outputs = {**own.outputs, **loaded.outputs}
+    return out
 
 
 def judge_protocol(

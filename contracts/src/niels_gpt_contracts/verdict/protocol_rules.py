@@ -208,7 +208,7 @@ def _load(p: Pair) -> list[str]:
         return [f"the base's state_dict does not load strictly: {p.head['load']}"]
     if p.base.get("input") is None:
         return []
-    got, want = p.outputs(p.head_out, "subject"), p.outputs(p.base_out, "subject")
+    got, want = p.outputs(p.head_out, "loaded"), p.outputs(p.base_out, "subject")
     return [
         f"with the base's weights at {p.where}, {diff} (the base's answer)"
         for diff in _differ(p, got, want)
