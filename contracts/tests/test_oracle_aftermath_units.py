@@ -82,6 +82,32 @@ def test_the_worker_sees_what_a_call_leaves_behind() -> None:
     assert s.held[("s", "held")].bytes == 4 * (16 + 4)
 
 
+def test_a_counted_call_names_every_torch_global_it_left_changed() -> None:
+    """Not a list of flags: the compiler's stance, a dynamo config, a backend flag."""
+
+    def leaves_settings() -> torch.Tensor:
+        torch.compiler.set_stance("force_eager")
+        torch.backends.mkldnn.enabled = False
+        return torch.ones(2)
+
+    try:
+        s = _run(("clean", lambda: torch.ones(2)), ("leaves", leaves_settings))
+    finally:
+        torch.compiler.set_stance("default")
+        torch.backends.mkldnn.enabled = True
+    assert _after(s, "clean")["state"]["globals"] == []
+    assert _after(s, "leaves")["state"]["globals"] == [
+        "torch.backends.mkldnn.enabled",
+        "torch.compiler.stance",
+    ]
+    base = {**BASE, "state": {**BASE["state"], "globals": []}}
+    head = {**BASE, "state": {**BASE["state"], "globals": ["torch.compiler.stance"]}}
+    found = oracle_aftermath.compare(head, base)
+    assert ("oracle.side-effect", "left torch.compiler.stance changed, where the base's call "
+            "leaves them") in found  # fmt: skip
+    assert oracle_aftermath.compare(base, base) == []
+
+
 BASE = {
     "inputs": {"checked": ["arg0", "fn:weight"], "changed": []},
     "clobbered": [],

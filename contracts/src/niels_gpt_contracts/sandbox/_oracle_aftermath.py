@@ -15,7 +15,10 @@ call it adds to the call's frame, under ``"after"``:
   ``MAX_BYTES`` are not kept: ``skipped`` counts them);
 - ``state``: the global state after the call (grad and inference mode,
   default dtype, whether the thread count changed, deterministic algorithms,
-  CPU autocast, a digest of the global CPU generator's state);
+  CPU autocast, a digest of the global CPU generator's state), and on the
+  calls whose cost is counted, ``globals``: the names of every torch global
+  (``_protocol_state``: compiler stance and configs, backend flags, getters,
+  global hooks) the call left changed;
 - ``flops`` and ``ops``: FLOPs (``torch.utils.flop_counter``'s registry) and the number of ATen
   ops dispatched during the call (``None`` where the call was not counted).
 """
@@ -25,7 +28,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import importlib.util
 from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -128,6 +133,22 @@ def _counter() -> Any:
     return Count()  # type: ignore[no-untyped-call]
 
 
+@functools.cache
+def _globals() -> Any:
+    """``_protocol_state`` (beside this file): every torch global, enumerated."""
+    path = Path(__file__).with_name("_protocol_state.py")
+    spec = importlib.util.spec_from_file_location("_protocol_state", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# Globals the state above already names (the generator as rng_moved, the threads).
+COVERED = frozenset({"torch.get_rng_state", "torch.get_num_threads"})
+
+
 class Probe:
     """One call's measurements: made by ``Aftermath.begin`` before the call runs."""
 
@@ -137,6 +158,8 @@ class Probe:
         self.threads = torch.get_num_threads()
         self.rng = state()["rng"]  # the generator's digest as the call starts
         self.count = count
+        # every torch global on the counted calls (a snapshot costs about 10 ms)
+        self.globals = _globals().snapshot() if count else None
         self.flops: int | None = None
         self.ops: int | None = None
 
@@ -171,6 +194,9 @@ class Aftermath:
         now = state()
         now["threads"] = torch.get_num_threads() == probe.threads
         now["rng_moved"] = now["rng"] != probe.rng  # drew from the global generator at all
+        if probe.globals is not None:
+            moved = _globals().changed(probe.globals, _globals().snapshot())
+            now["globals"] = [k for k in moved if k not in COVERED]
         return now
 
     def begin(self, name: str, fn: Callable[[], Any]) -> Probe:

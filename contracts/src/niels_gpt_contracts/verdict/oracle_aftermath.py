@@ -150,6 +150,17 @@ def compare(got: Any, want: Mapping[str, Any]) -> list[tuple[str, str]]:
         if g_state.get(key) != w_state.get(key):
             g, w = repr(g_state.get(key))[:40], repr(w_state.get(key))[:40]
             out.append((SIDE, f"left {label} at {_plain(g)} where the base's call leaves {w}"))
+    # Every other torch global, on the counted calls both sides counted (the same
+    # calls: the share is keyed by the seed): one the PR's call left changed and the
+    # base's did not (a compiler stance or config, a backend flag, a global hook).
+    g_globals, w_globals = g_state.get("globals"), w_state.get("globals")
+    if w_globals is not None:
+        if not isinstance(g_globals, list) or not all(isinstance(k, str) for k in g_globals):
+            raise Malformed("expected the names of the globals a counted call changed")
+        new = sorted(set(g_globals) - set(w_globals))
+        if new:
+            names = ", ".join(_plain(k) for k in new[:4])
+            out.append((SIDE, f"left {names} changed, where the base's call leaves them"))
     # Whether the call drew from the global generator at all, not how much: an honest
     # re-blocking of dropout (another QUERY_BLOCK) draws a seed per block and so moves
     # the generator by another amount (test_a_faster_but_equal_attention_is_kept).
