@@ -22,6 +22,7 @@ with ``==`` and the report stays small.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import os
@@ -76,17 +77,25 @@ def _torch_getters() -> Iterator[tuple[str, str]]:
     yield "torch.initial_seed", repr(torch.initial_seed())
 
 
-def _backends() -> Iterator[tuple[str, str]]:
+@functools.cache
+def _backend_modules() -> tuple[tuple[str, Any], ...]:
+    """Each public ``torch.backends`` module, found once: ``(name, module)``."""
     import torch.backends
 
+    found = []
     for info in pkgutil.iter_modules(torch.backends.__path__):
         if info.name.startswith("_"):
             continue
         try:
-            module = importlib.import_module(f"torch.backends.{info.name}")
+            found.append((info.name, importlib.import_module(f"torch.backends.{info.name}")))
         except Exception:
             continue
-        prefix = f"torch.backends.{info.name}"
+    return tuple(found)
+
+
+def _backends() -> Iterator[tuple[str, str]]:
+    for name, module in _backend_modules():
+        prefix = f"torch.backends.{name}"
         # torch.backends.cudnn and others are module subclasses whose flags are
         # properties of their class, not attributes of the module.
         names = set(dir(module)) | set(vars(type(module)))

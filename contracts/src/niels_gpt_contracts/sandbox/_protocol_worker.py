@@ -21,7 +21,8 @@ bytes: one JSON report, then every output as one safetensors blob (bfloat16
 and float16 widened to float32 exactly). The report::
 
     {"classes": {label: {size: report}}, "defined": {label: module},
-     "dtypes": {key: torch dtype}, "skipped": {label: why}, "fatal": text or null}
+     "dtypes": {key: torch dtype}, "skipped": {label: why}, "fatal": text or null,
+     "weights_sha256": the weights file's digest (the base's side)}
 
 This process decides nothing.
 """
@@ -32,6 +33,7 @@ import sys
 
 sys.dont_write_bytecode = True  # -I ignores PYTHONDONTWRITEBYTECODE
 
+import hashlib  # noqa: E402
 import importlib  # noqa: E402
 import importlib.util  # noqa: E402
 import json  # noqa: E402
@@ -127,7 +129,9 @@ def main() -> None:
         blob = save(wide)
         if request.get("given") is None:
             held = {k: v.contiguous() for k, v in weights.items()}
-            save_file(held, str(Path(request["out"]) / "weights.safetensors"))
+            path = Path(request["out"]) / "weights.safetensors"
+            save_file(held, str(path))
+            report["weights_sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
     except BaseException as err:  # the tree cannot be imported or probed at all
         report["fatal"] = oracle_worker._why(err)
     text = json.dumps(report).encode("utf-8")

@@ -127,6 +127,7 @@ REPORT_SCHEMA: Mapping[str, Any] = {
         "dtypes": {"type": "object", "additionalProperties": {"type": "string"}},
         "skipped": {"type": "object", "additionalProperties": {"type": "string"}},
         "fatal": _ERROR,
+        "weights_sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
     },
 }
 
@@ -198,14 +199,11 @@ def run(
     request: Mapping[str, Any],
     out: Path,
     timeout: float,
-    started: threading.Event | None = None,
 ) -> Answer:
     """Run one worker over ``roots`` (``packages/*/src`` trees) with ``request``.
 
     ``out`` is the worker's own folder (created here); the caller reads
-    ``weights.safetensors`` from it on the base's side. ``started`` is set once
-    the worker process exists (a caller may then make ``out`` read-only for the
-    processes it starts next).
+    ``weights.safetensors`` from it on the base's side.
     """
     answer = Answer(label)
     home = Path(tempfile.mkdtemp())
@@ -228,8 +226,6 @@ def run(
         start_new_session=True,
     )
     os.close(write_fd)
-    if started is not None:
-        started.set()
     chunks: list[bytes] = []
 
     def reader() -> None:

@@ -10,7 +10,8 @@ compilation. A second, real-model size (GPT-2 small's ``C = 768`` with 2304-
 or 3072-row layers, ``T`` drawn up to 1024) is judged on outputs alone.
 
 The base's worker (one thread) and the PR's run side by side; the base's
-leaves the weights its modules held, and a second PR worker loads them. The
+leaves the weights its modules held (checked against the digest it reports),
+and a second PR worker loads them. The
 workers report figures (``sandbox.protocol_run``); this module decides. A
 base that cannot be probed is no verdict (``ConfigError``, exit 2); a PR
 whose worker fails where the base's finished is BROKEN.
@@ -18,9 +19,10 @@ whose worker fails where the base's finished is BROKEN.
 
 from __future__ import annotations
 
+import hashlib
 import random
 import secrets
-import threading
+import shutil
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -108,41 +110,46 @@ def _run(
 ) -> tuple[protocol_run.Answer, protocol_run.Answer, list[str]]:
     """The base's worker and the PR's side by side, then the PR's over the base's weights.
 
-    The PR's first worker measures everything but the base's outputs (its own
-    weights suffice); it starts once the base's exists, with the base's folder
-    read-only to it. The second loads the base's weights and answers at every
-    size. Returns the base's answer, the PR's two merged (``merge``), and the
-    files under the base's folder or the code that changed while the PR's ran.
+    The PR's first worker measures everything but the outputs on the base's
+    weights (its own weights suffice). The base's weights file is checked
+    against the digest the base's worker reported (the PR's worker ran beside
+    it) and copied into a folder read-only to the second PR worker, which
+    loads them and answers at every size. Returns the base's answer, the PR's
+    two merged (``merge``), and the files changed under the code or the
+    weights while the PR's workers ran.
 
     Raises:
         ConfigError: the base's worker failed (no verdict).
     """
     src = (workspace.src_roots(code[0]), workspace.src_roots(code[1]))
-    started = threading.Event()
     full = {**request, "sizes": [s for s in request["sizes"] if s["full"]]}
+    before = Snapshot.take(list(code))
     with ThreadPoolExecutor(max_workers=1) as pool:
         pending = pool.submit(
-            protocol_run.run, box, "base", src[1], request, scratch / "base", timeout, started
+            protocol_run.run, box, "base", src[1], request, scratch / "base", timeout
         )
-        while not started.wait(0.05) and not pending.done():
-            pass
-        confine.add_readonly(box, [scratch / "base"])
-        before = Snapshot.take(list(code))
         own = protocol_run.run(box, "head", src[0], full, scratch / "head", timeout)
         base = pending.result()
     if base.problem or base.report.get("fatal"):
         raise ConfigError(
             f"the module protocol's base worker failed: {base.problem or base.report['fatal']}"
         )
-    watched = [scratch / "base", *code]
-    weights = Snapshot.take(watched)
+    weights = scratch / "given" / "weights.safetensors"
+    weights.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(scratch / "base" / "weights.safetensors", weights)
+    changed = before.changes(Snapshot.take(list(code)))
+    if hashlib.sha256(weights.read_bytes()).hexdigest() != base.report.get("weights_sha256"):
+        changed.append(str(scratch / "base" / "weights.safetensors"))
+    confine.add_readonly(box, [weights.parent])
+    watched = [weights.parent, *code]
+    given = Snapshot.take(watched)
     loading = {
         **request,
         "sizes": [{**s, "full": False} for s in request["sizes"]],
-        "given": str(scratch / "base" / "weights.safetensors"),
+        "given": str(weights),
     }
     loaded = protocol_run.run(box, "head", src[0], loading, scratch / "loaded", timeout)
-    changed = before.changes(Snapshot.take(list(code))) + weights.changes(Snapshot.take(watched))
+    changed += given.changes(Snapshot.take(watched))
     return base, merge(own, loaded), sorted(set(changed))
 
 
