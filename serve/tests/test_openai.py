@@ -109,17 +109,17 @@ def test_logprobs_of_greedy_tokens_are_the_largest(oai: openai.OpenAI) -> None:
 
 
 def test_errors_come_in_the_protocol_shape(oai: openai.OpenAI, server_url: str) -> None:
-    with pytest.raises(openai.UnprocessableEntityError) as too_long:
+    with pytest.raises(openai.BadRequestError) as too_long:
         oai.completions.create(model="tiny", prompt="x" * 40, max_tokens=100000)
     body = too_long.value.body
     assert isinstance(body, dict) and body["param"] == "max_tokens"
     assert body["type"] == "invalid_request_error" and "must be <= 24" in body["message"]
-    with pytest.raises(openai.UnprocessableEntityError):
-        oai.completions.create(model="tiny", prompt="x", temperature=1e-39)
+    with pytest.raises(openai.BadRequestError):
+        oai.completions.create(model="tiny", prompt="x", temperature=2.01)
     with pytest.raises(openai.NotFoundError):
         oai.completions.create(model="gpt-4", prompt="x")
-    with pytest.raises(openai.BadRequestError, match="no chat template"):
-        oai.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}])
+    with pytest.raises(openai.NotFoundError):
+        oai.chat.completions.create(model="gpt-4", messages=[{"role": "user", "content": "hi"}])
     bad = httpx.post(f"{server_url}/v1/completions", content=b"{", timeout=30,
                      headers={"content-type": "application/json"})  # fmt: skip
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "body"

@@ -9,7 +9,8 @@ Routes (OpenAPI schema at ``/openapi.json``; no ``/docs``: Swagger UI needs a CD
     POST /api/generate/stream   the same as server-sent events, a token at a time
     POST /api/attention         every layer's and head's attention over a token sequence
     GET  /metrics               Prometheus metrics (``metrics.py``)
-    GET  /v1/models, POST /v1/completions   the OpenAI-compatible API (``openai_api.py``)
+    GET  /v1/models, POST /v1/completions, POST /v1/chat/completions
+                                the OpenAI-compatible API (``openai_api.py``)
 
 No route reads a file path from a request: the page's three files are read
 from the package once, when the app is built.
@@ -35,7 +36,7 @@ from niels_gpt_serve.batcher import Batcher, Busy, Done, Failed, Token
 from niels_gpt_serve.cached import CachedEngine
 from niels_gpt_serve.engine import Engine, PaddedEngine, attention_maps
 from niels_gpt_serve.errors import BodyLimit, error_body, error_response, install_handlers
-from niels_gpt_serve.generation import Generation
+from niels_gpt_serve.generation import Generation, until_disconnected
 from niels_gpt_serve.limits import Limits, check_attention, check_generate
 from niels_gpt_serve.metrics import Metrics, RequestIds
 from niels_gpt_serve.openai_api import install_openai
@@ -95,12 +96,6 @@ def _page_files() -> dict[str, bytes]:
 
 def _sse(event: str, data: object) -> str:
     return f"event: {event}\ndata: {json.dumps(data)}\n\n"
-
-
-async def _disconnected(request: Request) -> None:
-    """Return once the client has gone away."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
 
 
 def create_app(
@@ -189,17 +184,8 @@ def create_app(
     async def generate(req: GenerateRequest, request: Request) -> GenerateResponse | Response:
         """Generate, and answer once every token is there."""
         run = Generation(batcher, req, check_generate(req, cfg, limits), metrics)
-        collect = asyncio.ensure_future(_collect(run))
-        gone = asyncio.ensure_future(_disconnected(request))
         try:
-            await asyncio.wait({collect, gone}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            gone.cancel()
-            if not collect.done():  # the client left: stop generating for it
-                collect.cancel()
-                run.ticket.cancel()
-        try:
-            return await collect  # done, or cancelled just above
+            return await until_disconnected(_collect(run), request, [run])
         except asyncio.CancelledError:
             return Response(status_code=499)  # nobody reads it: "client closed request"
 

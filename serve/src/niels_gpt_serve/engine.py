@@ -29,7 +29,7 @@ import torch
 from niels_gpt.model.gpt import GPT
 from niels_gpt.model.padding import padded_forward
 
-__all__ = ["Engine", "PaddedEngine", "Tokens", "attention_maps"]
+__all__ = ["Engine", "PaddedEngine", "Tokens", "attention_maps", "prompt_logprobs"]
 
 
 class Tokens(Protocol):
@@ -125,3 +125,26 @@ def attention_maps(model: GPT, tokens: Sequence[int], layers: Sequence[int]) -> 
             assert full is not None  # return_full_attn=True
             maps.append(full[0].float().cpu())  # (H, t, t)
     return torch.stack(maps)  # (len(layers), H, t, t)
+
+
+def prompt_logprobs(
+    model: GPT, tokens: Sequence[int], k: int
+) -> list[tuple[float, tuple[tuple[int, float], ...]]]:
+    """Each prompt token's log-probability given the tokens before it, and the ``k``
+    likeliest tokens there (the raw softmax, as generated tokens' ``logprobs``).
+
+    Returns:
+        ``len(tokens) - 1`` pairs ``(logprob, ((id, logprob), ...))``, for tokens 1..t-1
+        (the first token has no context, so nothing to score it by).
+    """
+    device = model.tok_emb.weight.device
+    ids = torch.tensor([list(tokens)], dtype=torch.int64, device=device)  # (1, t)
+    with torch.no_grad():
+        logits = model(ids)[0, :-1]  # (t - 1, V): the logits after tokens 0..t-2
+    logp = torch.log_softmax(logits.to("cpu", torch.float64), dim=-1)  # (t - 1, V)
+    values, top_ids = logp.topk(min(k, logp.shape[-1]), dim=-1)  # (t - 1, k), (t - 1, k)
+    chosen = logp.gather(-1, ids[:, 1:].cpu().T)[:, 0]  # (t - 1,)
+    return [
+        (float(lp), tuple(zip(i.tolist(), v.tolist(), strict=True)))
+        for lp, i, v in zip(chosen, top_ids, values, strict=True)
+    ]

@@ -7,10 +7,12 @@ it. Statuses: 400 a body that is not JSON, 413 a body over the limit, 422 a
 field that is missing, of the wrong type or out of range, 404 an unknown
 path, 405 a wrong method, 503 too many requests waiting.
 
-Under ``/v1/`` (the OpenAI-compatible API) the same errors, with the same
-statuses, take that protocol's shape: ``{"error": {"message", "type",
-"param", "code"}}``, ``param`` the field, ``type`` ``invalid_request_error``
-for a 4xx and ``server_error`` for a 5xx.
+Under ``/v1/`` (the OpenAI-compatible API) the same errors take that
+protocol's shape: ``{"error": {"message", "type", "param", "code"}}``,
+``param`` the field, ``type`` ``invalid_request_error`` for a 4xx and
+``server_error`` for a 5xx; and a field error is a 400 there, not a 422, as
+OpenAI and vLLM answer it (so the ``openai`` client raises ``BadRequestError``).
+An unexpected error is a JSON 500 in either shape (``metrics.RequestIds``).
 """
 
 from __future__ import annotations
@@ -52,8 +54,10 @@ def error_response(
     more: Sequence[dict[str, str]] = (),
     headers: Mapping[str, str] | None = None,
 ) -> JSONResponse:
-    """The error in the shape of the API ``path`` belongs to (``/v1/``: OpenAI's)."""
+    """The error in the shape of the API ``path`` belongs to (``/v1/``: OpenAI's, a 422
+    answered as 400)."""
     if path.startswith("/v1/"):
+        status = 400 if status == 422 else status
         return JSONResponse(openai_error(status, field, message, kind), status, headers=headers)
     return JSONResponse(error_body(field, message, kind, more), status, headers=headers)
 
@@ -80,7 +84,7 @@ def _validation(request: Request, exc: Exception) -> JSONResponse:
 
 def _field_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, FieldError)
-    return error_response(request.url.path, exc.status, exc.field, exc.message, "limit")
+    return error_response(request.url.path, exc.status, exc.field, exc.message, exc.code)
 
 
 def _http(request: Request, exc: Exception) -> JSONResponse:

@@ -5,7 +5,10 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
+from typing import TypeVar
+
+from starlette.requests import Request
 
 from niels_gpt_serve.batcher import Batcher, Done, Event, Ticket, Token
 from niels_gpt_serve.metrics import Metrics
@@ -13,7 +16,31 @@ from niels_gpt_serve.sampling import Knobs
 from niels_gpt_serve.schemas import MAX_SEED, GenerateRequest, GenerateResponse
 from niels_gpt_serve.tokens import decode, labels
 
-__all__ = ["Generation"]
+R = TypeVar("R")
+
+__all__ = ["Generation", "disconnected", "until_disconnected"]
+
+
+async def disconnected(request: Request) -> None:
+    """Return once the client has gone away."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def until_disconnected(work: Awaitable[R], request: Request, runs: list[Generation]) -> R:
+    """``work``'s result, unless the client leaves first: then ``work`` is cancelled, so are
+    ``runs``' tickets (their slots free at the next step), and ``CancelledError`` is raised."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(disconnected(request))
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not task.done():  # the client left: stop generating for it
+            task.cancel()
+            for run in runs:
+                run.ticket.cancel()
+    return await task  # done, or cancelled just above
 
 
 class Generation:

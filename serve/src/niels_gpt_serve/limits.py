@@ -20,11 +20,12 @@ __all__ = ["FieldError", "Limits", "check_attention", "check_generate"]
 
 
 class FieldError(ValueError):
-    """A request field with a value the server cannot take (HTTP ``status``)."""
+    """A request field with a value the server cannot take (HTTP ``status``; ``code``
+    names the kind of error in the answer)."""
 
-    def __init__(self, field: str, message: str, status: int = 422) -> None:
+    def __init__(self, field: str, message: str, status: int = 422, code: str = "limit") -> None:
         super().__init__(f"{field}: {message}")
-        self.field, self.message, self.status = field, message, status
+        self.field, self.message, self.status, self.code = field, message, status, code
 
 
 @dataclass(frozen=True)

@@ -11,18 +11,27 @@ process). Names::
     niels_serve_time_to_first_token_seconds       histogram: arrival to first token
     niels_serve_time_per_token_seconds            histogram: between two tokens of a request
 
+An exception no handler answered is logged with its traceback and answered
+here with a JSON 500 (the error shape of its API), counted as ``status="500"``,
+so the keep-alive connection stays usable; once an answer has begun, the
+exception goes on to the server, which closes that connection.
+
 ``X-Request-Id``: a client's id (1 to 128 visible ASCII characters) is kept,
 otherwise one is made; either way the response carries it back.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import re
 import uuid
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from niels_gpt_serve.errors import error_body, openai_error
 
 __all__ = ["Metrics", "RequestIds"]
 
@@ -65,6 +74,21 @@ class Metrics:
         return generate_latest(self.registry)
 
 
+_log = logging.getLogger("niels_serve")
+
+
+async def _answer_500(path: str, send: Send) -> None:
+    message = "the server failed to answer this request (its log has the traceback)"
+    if path.startswith("/v1/"):
+        body = openai_error(500, None, message, "internal_error")
+    else:
+        body = error_body("body", message, "internal_error")
+    data = json.dumps(body).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
+    await send({"type": "http.response.start", "status": 500, "headers": headers})
+    await send({"type": "http.response.body", "body": data})
+
+
 class RequestIds:
     """ASGI middleware: ``X-Request-Id`` in and out, and ``niels_serve_requests_total``."""
 
@@ -88,6 +112,11 @@ class RequestIds:
 
         try:
             await self.app(scope, receive, send_with_id)
+        except Exception:
+            if status[0] != "none":
+                raise  # the answer has begun: the server closes the connection
+            _log.exception("niels-serve: %s %s failed", scope["method"], scope["path"])
+            await _answer_500(scope["path"], send_with_id)
         finally:
             route = scope["path"] if scope["path"] in _ROUTES else "other"
             self.metrics.requests.labels(route, status[0]).inc()

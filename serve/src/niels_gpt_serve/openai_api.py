@@ -1,54 +1,67 @@
-"""The OpenAI-compatible API: ``GET /v1/models``, ``POST /v1/completions``.
+"""The OpenAI-compatible API: ``GET /v1/models``, ``POST /v1/completions`` and
+``POST /v1/chat/completions``.
 
 A client of that protocol (the official ``openai`` package with
-``base_url="http://host:port/v1"``, any API key) gets completions, streamed
-or not, through the same batcher, limits and metrics as the page's API.
-What it means here:
+``base_url="http://host:port/v1"``, any API key) gets completions and chat
+completions, streamed or not, through the same batcher, limits and metrics
+as the page's API. What it means here:
 
 - tokens are bytes: ``max_tokens`` and ``usage`` count UTF-8 bytes;
+  ``max_tokens: null`` is as many as the server's ``--max-new-tokens`` and
+  the model's context leave room for;
+- a temperature below 1e-5 (``schemas.GREEDY_BELOW``) is greedy, as 0 is;
 - choice ``i`` of a prompt draws with ``seed + i`` (mod 2**63), so a seed
   reproduces every choice; choices are numbered ``prompt_index * n + i``;
+- a request of more choices (prompts x ``n``) than the server ever holds
+  (``--max-batch`` + ``--max-waiting``) is a 400 at once, naming that limit;
+  one that fits but finds the queue full is a 503 with ``Retry-After``;
 - ``stop`` strings are found in the decoded text (``stops.py``), and the text
   ends before the first; ``finish_reason`` is ``stop`` or ``length``;
+- ``echo`` puts the prompt before the text (with ``logprobs``, its tokens
+  too, the first without a log-probability, as OpenAI's);
 - ``logprobs: k`` gives each token's log-probability under the model's raw
   softmax (before temperature and top_p) and its ``k`` likeliest
   alternatives; a byte that is not ASCII is named ``bytes:\\xNN``;
-- streams are server-sent ``data:`` chunks of ``text_completion`` objects,
-  a last chunk a choice with its ``finish_reason``, with
-  ``stream_options.include_usage`` a chunk with ``usage``, then ``data: [DONE]``;
-- ``/v1/chat/completions`` is refused (400): a byte-level model trained on
-  plain text has no chat template.
+  ``text_offset`` is where the token starts in prompt + text, in characters
+  (code points): the bytes of one character share its offset;
+- streams are server-sent ``data:`` chunks, a last chunk a choice with its
+  ``finish_reason``, with ``stream_options.include_usage`` a chunk with
+  ``usage``, then ``data: [DONE]``; ``stream_options`` needs ``stream``;
+- a client that leaves, streamed or not, has its generations cancelled;
+- chat messages become one prompt in a plain template (``chat.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import codecs
 import json
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from niels_gpt_serve import chat
 from niels_gpt_serve.batcher import Batcher, Done, Failed, Token
+from niels_gpt_serve.engine import prompt_logprobs
 from niels_gpt_serve.errors import openai_error
-from niels_gpt_serve.generation import Generation
+from niels_gpt_serve.generation import Generation, until_disconnected
 from niels_gpt_serve.limits import FieldError, Limits, check_generate
 from niels_gpt_serve.metrics import Metrics
-from niels_gpt_serve.openai_schemas import CompletionRequest
+from niels_gpt_serve.openai_schemas import ChatRequest, CompletionRequest
 from niels_gpt_serve.schemas import MAX_SEED, GenerateRequest
 from niels_gpt_serve.stops import StopText
+from niels_gpt_serve.tokens import encode
 
 __all__ = ["install_openai"]
 
 _RENAMED = {"max_new_tokens": "max_tokens"}
-NO_CHAT = (
-    "this model reads and writes bytes of plain text and has no chat template; "
-    "send a prompt to /v1/completions instead"
-)
+#: A scored token: its id, its log-probability and the likeliest ones (None: not scored).
+Scored = tuple[int, float | None, tuple[tuple[int, float], ...] | None]
 
 
 def token_name(token: int) -> str:
@@ -56,43 +69,81 @@ def token_name(token: int) -> str:
     return chr(token) if token < 0x80 else f"bytes:\\x{token:02x}"
 
 
+def char_offsets(data: bytes, start: int = 0) -> list[int]:
+    """Where each byte of ``data`` starts in its text, in characters after ``start``: the
+    characters decoded from the bytes before it (a character's bytes share its offset)."""
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    offsets, at = [], start
+    for byte in data:
+        offsets.append(at)
+        at += len(decoder.decode(bytes([byte])))
+    return offsets
+
+
 @dataclass
 class Piece:
-    """New text of one choice, its tokens' log-probabilities, and how it ended (if it did)."""
+    """New text of one choice, its tokens with their offsets, and how it ended (if it did)."""
 
     index: int
     text: str
     tokens: list[Token] = field(default_factory=list)
+    offsets: list[int] = field(default_factory=list)
     finish_reason: str | None = None
 
 
-async def _pieces(index: int, run: Generation, stops: StopText) -> AsyncIterator[Piece]:
-    """One choice's pieces, a token at a time; the last one has its ``finish_reason``."""
+async def _pieces(index: int, run: Generation, stops: StopText, base: int) -> AsyncIterator[Piece]:
+    """One choice's pieces, a token at a time; the last one has its ``finish_reason``.
+    ``base``: the prompt's length in characters, where the first token's offset is."""
     async for event in run.events_until_done():
         if isinstance(event, Token):
+            at = base + len(stops.text)  # the characters decoded before this byte
             text = stops.feed(event.token)
             if stops.stopped:
-                yield Piece(index, text, [event], "stop")
+                yield Piece(index, text, [event], [at], "stop")
                 return  # leaving cancels the ticket: the slot is freed at the next step
-            yield Piece(index, text, [event])
+            yield Piece(index, text, [event], [at])
         elif isinstance(event, Done):
-            yield Piece(index, stops.finish(), [], "length" if event.reason == "length" else "stop")
+            reason = "length" if event.reason == "length" else "stop"
+            yield Piece(index, stops.finish(), [], [], reason)
         elif isinstance(event, Failed):
             raise RuntimeError(event.message)
 
 
-def _logprobs(tokens: list[Token], offset: int) -> dict[str, Any]:
-    names = [token_name(t.token) for t in tokens]
-    offsets, at = [], offset
-    for name in names:
-        offsets.append(at)
-        at += 1 if len(name) == 1 else 0
+def _logprobs(scored: Sequence[Scored], offsets: Sequence[int]) -> dict[str, Any]:
     return {
-        "tokens": names,
-        "token_logprobs": [t.logprob for t in tokens],
-        "top_logprobs": [{token_name(i): lp for i, lp in t.top} for t in tokens],
-        "text_offset": offsets,
+        "tokens": [token_name(t) for t, _, _ in scored],
+        "token_logprobs": [lp for _, lp, _ in scored],
+        "top_logprobs": [
+            None if top is None else {token_name(i): lp for i, lp in top} for _, _, top in scored
+        ],
+        "text_offset": list(offsets),
     }
+
+
+def _scored(tokens: Sequence[Token]) -> list[Scored]:
+    return [(t.token, t.logprob, t.top) for t in tokens]
+
+
+@dataclass
+class Job:
+    """The choices of one request, submitted: their runs and pieces, and the prompts'."""
+
+    runs: list[Generation]
+    sources: list[AsyncIterator[Piece]]
+    prompts: list[str]  # a choice's prompt, by choice index
+    prompt_tokens: int  # usage: the prompts' tokens, each prompt once
+
+    def completion_tokens(self) -> int:
+        return sum(len(run.tokens) for run in self.runs)
+
+    def usage(self) -> dict[str, int]:
+        done = self.completion_tokens()
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": done,
+                "total_tokens": self.prompt_tokens + done}  # fmt: skip
+
+    def cancel(self) -> None:
+        for run in self.runs:
+            run.ticket.cancel()
 
 
 def install_openai(
@@ -100,6 +151,66 @@ def install_openai(
 ) -> None:
     """Add the ``/v1`` routes to ``app`` (``served``: the app's ``Served``)."""
     cfg, model_id = served.config, served.run
+
+    def check_model(name: str) -> None:
+        if name != model_id:
+            message = f"must be {model_id!r} (GET /v1/models), got {name!r}"
+            raise FieldError("model", message, 404, "model_not_found")
+
+    def start(req: CompletionRequest, prompts: list[str], stops: list[str]) -> Job:
+        """Check every choice against the limits, then submit them all (or none)."""
+        total, most = len(prompts) * req.n, limits.max_batch + limits.max_waiting
+        if total > most:
+            raise FieldError(
+                "n" if req.n > 1 else "prompt",
+                f"asks for {total} generations ({len(prompts)} prompts x n={req.n}), more "
+                f"than this server ever holds at once: --max-batch {limits.max_batch} + "
+                f"--max-waiting {limits.max_waiting} = {most}",
+                400, "too_many_choices",
+            )  # fmt: skip
+        seed = req.seed if req.seed is not None else secrets.randbelow(MAX_SEED + 1)
+        asks: list[tuple[GenerateRequest, list[int], str]] = []
+        for p, prompt in enumerate(prompts):
+            for i in range(req.n):
+                which = p if len(prompts) > 1 else None
+                ask = _ask(prompt, req, (seed + i) % (MAX_SEED + 1), which, cfg.T, limits)
+                asks.append((ask, _checked(ask, cfg, limits), prompt))
+        runs: list[Generation] = []
+        try:
+            for ask, tokens, _ in asks:
+                runs.append(Generation(batcher, ask, tokens, metrics, req.logprobs))
+        except BaseException:
+            for run in runs:
+                run.ticket.cancel()
+            raise
+        sources = [
+            _pieces(i, run, StopText(stops), len(prompt))
+            for i, (run, (_, _, prompt)) in enumerate(zip(runs, asks, strict=True))
+        ]
+        used = sum(len(tokens) for _, tokens, _ in asks) // req.n
+        return Job(runs, sources, [prompt for _, _, prompt in asks], used)
+
+    async def answer(
+        request: Request, job: Job, render: Callable[[], AsyncIterator[Any]], stream: bool
+    ) -> Response:
+        """The rendered answer: a stream of chunks, or (not streamed) its one body, which a
+        client that leaves first cancels."""
+        if stream:
+            headers = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+            return StreamingResponse(_sse(render()), media_type="text/event-stream",
+                                     headers=headers)  # fmt: skip
+
+        async def whole() -> Any:
+            return await anext(render())  # the one body a render yields unstreamed
+
+        try:
+            return JSONResponse(await until_disconnected(whole(), request, job.runs))
+        except asyncio.CancelledError:
+            return Response(status_code=499)  # nobody reads it: "client closed request"
+
+    def stream_only(req: CompletionRequest | ChatRequest) -> None:
+        if req.stream_options is not None and not req.stream:
+            raise FieldError("stream_options", "is only allowed when stream is true", 400)
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -114,61 +225,88 @@ def install_openai(
             )
         return _model(model_id, served.step)
 
-    @app.post("/v1/chat/completions")
-    async def chat(request: Request) -> JSONResponse:
-        """Refused: a byte-level model has no chat template."""
-        return JSONResponse(openai_error(400, "messages", NO_CHAT, "chat_not_supported"), 400)
-
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request) -> Response:
         """Complete ``prompt`` (see the module docstring)."""
-        if req.model != model_id:
-            message = f"must be {model_id!r} (GET /v1/models), got {req.model!r}"
-            raise FieldError("model", message, 404)
+        check_model(req.model)
+        stream_only(req)
         if req.best_of is not None and req.best_of != req.n:
             raise FieldError("best_of", f"must be null or n={req.n}, got {req.best_of}")
         prompts = [req.prompt] if isinstance(req.prompt, str) else req.prompt
-        seed = req.seed if req.seed is not None else secrets.randbelow(MAX_SEED + 1)
-        asks: list[tuple[GenerateRequest, list[int]]] = []
-        for p, prompt in enumerate(prompts):
-            for i in range(req.n):
-                ask = _ask(
-                    prompt, req, (seed + i) % (MAX_SEED + 1), p if len(prompts) > 1 else None
-                )
-                asks.append((ask, _checked(ask, cfg, limits)))
-        runs: list[Generation] = []
-        try:
-            for ask, tokens in asks:
-                runs.append(Generation(batcher, ask, tokens, metrics, req.logprobs))
-        except BaseException:
-            for run in runs:
-                run.ticket.cancel()
-            raise
+        echoed: dict[str, list[Scored]] = {}
+        if req.echo and req.logprobs is not None:  # scored before any choice is submitted
+            for prompt in dict.fromkeys(prompts):
+                echoed[prompt] = await _score_prompt(batcher, served.model, prompt, req.logprobs)
         stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
-        rid = request.scope.get("state", {}).get("request_id", secrets.token_hex(8))
-        head = {"id": f"cmpl-{rid}", "object": "text_completion", "created": int(time.time()),
-                "model": model_id}  # fmt: skip
-        usage_prompt = sum(len(t) for _, t in asks) // req.n
-        sources = [_pieces(i, run, StopText(stops)) for i, run in enumerate(runs)]
+        job = start(req, prompts, stops)
+        head = _head(request, "cmpl", "text_completion", model_id)
+        lp = req.logprobs is not None
+        echo = (lambda i: (job.prompts[i], echoed.get(job.prompts[i]))) if req.echo else None
         if req.stream:
             include = req.stream_options is not None and req.stream_options.include_usage
-            body = _stream(head, sources, runs, usage_prompt, include, req.logprobs is not None)
-            headers = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
-            return StreamingResponse(body, media_type="text/event-stream", headers=headers)
-        choices = await asyncio.gather(*(_whole(s, req.logprobs is not None) for s in sources))
-        completion = sum(len(run.tokens) for run in runs)
-        return JSONResponse({**head, "choices": choices, "usage": _usage(usage_prompt, completion)})
+            render = lambda: _text_chunks(head, job, include, lp, echo)  # noqa: E731
+        else:
+            render = lambda: _text_whole(head, job, lp, echo)  # noqa: E731
+        return await answer(request, job, render, req.stream)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(req: ChatRequest, request: Request) -> Response:
+        """Continue ``messages`` in the plain chat template (``chat.py``)."""
+        check_model(req.model)
+        stream_only(req)
+        if req.max_tokens is not None and req.max_completion_tokens is not None:
+            message = "give max_tokens or max_completion_tokens, not both"
+            raise FieldError("max_completion_tokens", message, 400)
+        most = req.max_completion_tokens if req.max_tokens is None else req.max_tokens
+        ask = CompletionRequest.model_construct(
+            model=req.model, prompt="", max_tokens=most, temperature=req.temperature,
+            top_p=req.top_p, n=req.n, seed=req.seed, logprobs=None,
+        )  # fmt: skip
+        stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+        try:
+            job = start(ask, [chat.render(req.messages)], [*stops, chat.STOP])
+        except FieldError as err:  # the prompt is made of the messages
+            raise FieldError(
+                "messages" if err.field == "prompt" else err.field, err.message, err.status,
+                err.code,
+            ) from None  # fmt: skip
+        head = _head(request, "chatcmpl", "chat.completion", model_id)
+        if req.stream:
+            include = req.stream_options is not None and req.stream_options.include_usage
+            render = lambda: _chat_chunks(head, job, include)  # noqa: E731
+        else:
+            render = lambda: _chat_whole(head, job)  # noqa: E731
+        return await answer(request, job, render, req.stream)
 
 
 def _model(model_id: str, step: int) -> dict[str, Any]:
     return {"id": model_id, "object": "model", "created": 0, "owned_by": f"niels-gpt (step {step})"}
 
 
-def _ask(prompt: str, req: CompletionRequest, seed: int, which: int | None) -> GenerateRequest:
+def _head(request: Request, prefix: str, kind: str, model_id: str) -> dict[str, Any]:
+    rid = request.scope.get("state", {}).get("request_id", secrets.token_hex(8))
+    return {"id": f"{prefix}-{rid}", "object": kind, "created": int(time.time()),
+            "model": model_id}  # fmt: skip
+
+
+async def _score_prompt(batcher: Batcher, model: Any, prompt: str, k: int) -> list[Scored]:
+    """The prompt's tokens as ``echo`` with ``logprobs`` shows them: the first unscored."""
+    tokens = encode(prompt)
+    scores = await asyncio.wrap_future(batcher.call(lambda: prompt_logprobs(model, tokens, k)))
+    first: Scored = (tokens[0], None, None)
+    return [first, *((t, lp, top) for t, (lp, top) in zip(tokens[1:], scores, strict=True))]
+
+
+def _ask(
+    prompt: str, req: CompletionRequest, seed: int, which: int | None, T: int, limits: Limits
+) -> GenerateRequest:
     if not prompt:
         raise FieldError("prompt" if which is None else f"prompt.{which}", "must not be empty")
+    most = req.max_tokens
+    if most is None:  # no limit of the client's own: the server's and the context's
+        most = max(0, min(limits.max_new_tokens, T - len(encode(prompt))))
     return GenerateRequest.model_construct(  # validated as a CompletionRequest; limits next
-        prompt=prompt, max_new_tokens=req.max_tokens, temperature=req.temperature,
+        prompt=prompt, max_new_tokens=most, temperature=req.temperature,
         top_p=None if req.top_p == 1.0 else req.top_p, top_k=None, seed=seed, eos=None,
     )  # fmt: skip
 
@@ -180,24 +318,48 @@ def _checked(ask: GenerateRequest, cfg: Any, limits: Limits) -> list[int]:
         raise FieldError(_RENAMED.get(err.field, err.field), err.message, err.status) from None
 
 
-def _usage(prompt: int, completion: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt, "completion_tokens": completion,
-            "total_tokens": prompt + completion}  # fmt: skip
+Echo = Callable[[int], tuple[str, list[Scored] | None]] | None
 
 
-async def _whole(source: AsyncIterator[Piece], logprobs: bool) -> dict[str, Any]:
-    text, tokens, reason, index = "", list[Token](), None, 0
-    async for piece in source:
-        index, text, reason = piece.index, text + piece.text, piece.finish_reason
-        tokens += piece.tokens
-    return {"index": index, "text": text, "logprobs": _logprobs(tokens, 0) if logprobs else None,
-            "finish_reason": reason}  # fmt: skip
+def _echo_logprobs(echo: Echo, index: int) -> tuple[str, list[Scored], list[int]]:
+    """The prompt of choice ``index`` as ``echo`` shows it: text, scored tokens, offsets."""
+    if echo is None:
+        return "", [], []
+    prompt, scored = echo(index)
+    return prompt, list(scored or []), char_offsets(prompt.encode()) if scored else []
 
 
-async def _stream(
-    head: dict[str, Any], sources: list[AsyncIterator[Piece]], runs: list[Generation],
-    prompt_tokens: int, include_usage: bool, logprobs: bool,
-) -> AsyncIterator[str]:  # fmt: skip
+async def _text_whole(
+    head: dict[str, Any], job: Job, logprobs: bool, echo: Echo
+) -> AsyncIterator[dict[str, Any]]:
+    async def one(index: int, source: AsyncIterator[Piece]) -> dict[str, Any]:
+        text, scored, offsets = _echo_logprobs(echo, index)
+        reason = None
+        async for piece in source:
+            text, reason = text + piece.text, piece.finish_reason
+            scored += _scored(piece.tokens)
+            offsets += piece.offsets
+        lp = _logprobs(scored, offsets) if logprobs else None
+        return {"index": index, "text": text, "logprobs": lp, "finish_reason": reason}
+
+    choices = await asyncio.gather(*(one(i, s) for i, s in enumerate(job.sources)))
+    yield {**head, "choices": choices, "usage": job.usage()}
+
+
+async def _chat_whole(head: dict[str, Any], job: Job) -> AsyncIterator[dict[str, Any]]:
+    async def one(index: int, source: AsyncIterator[Piece]) -> dict[str, Any]:
+        text, reason = "", None
+        async for piece in source:
+            text, reason = text + piece.text, piece.finish_reason
+        message = {"role": "assistant", "content": text}
+        return {"index": index, "message": message, "logprobs": None, "finish_reason": reason}
+
+    choices = await asyncio.gather(*(one(i, s) for i, s in enumerate(job.sources)))
+    yield {**head, "choices": choices, "usage": job.usage()}
+
+
+async def _merged(job: Job) -> AsyncIterator[Piece]:
+    """Every choice's pieces as they come; a failed generation raises ``RuntimeError``."""
     queue: asyncio.Queue[Piece | BaseException | None] = asyncio.Queue()
 
     async def pump(source: AsyncIterator[Piece]) -> None:
@@ -209,30 +371,64 @@ async def _stream(
         finally:
             queue.put_nowait(None)
 
-    tasks = [asyncio.ensure_future(pump(s)) for s in sources]
-    offsets = [0] * len(sources)
+    tasks = [asyncio.ensure_future(pump(s)) for s in job.sources]
     try:
         left = len(tasks)
         while left:
             item = await queue.get()
             if item is None:
                 left -= 1
-                continue
-            if isinstance(item, BaseException):
-                error = openai_error(500, None, f"generation failed: {item}", "failed")
-                yield f"data: {json.dumps(error)}\n\n"
-                return
-            lp = _logprobs(item.tokens, offsets[item.index]) if logprobs else None
-            offsets[item.index] += len(item.text)
-            choice = {"index": item.index, "text": item.text, "logprobs": lp,
-                      "finish_reason": item.finish_reason}  # fmt: skip
-            yield f"data: {json.dumps({**head, 'choices': [choice]})}\n\n"
-        if include_usage:
-            usage = _usage(prompt_tokens, sum(len(run.tokens) for run in runs))
-            yield f"data: {json.dumps({**head, 'choices': [], 'usage': usage})}\n\n"
-        yield "data: [DONE]\n\n"
+            elif isinstance(item, BaseException):
+                raise RuntimeError(str(item))
+            else:
+                yield item
     finally:
         for task in tasks:
             task.cancel()
-        for run in runs:
-            run.ticket.cancel()
+        job.cancel()
+
+
+async def _text_chunks(
+    head: dict[str, Any], job: Job, include_usage: bool, logprobs: bool, echo: Echo
+) -> AsyncIterator[dict[str, Any]]:
+    if echo is not None:
+        for index in range(len(job.sources)):
+            text, scored, offsets = _echo_logprobs(echo, index)
+            lp = _logprobs(scored, offsets) if logprobs else None
+            choice = {"index": index, "text": text, "logprobs": lp, "finish_reason": None}
+            yield {**head, "choices": [choice]}
+    async for piece in _merged(job):
+        lp = _logprobs(_scored(piece.tokens), piece.offsets) if logprobs else None
+        choice = {"index": piece.index, "text": piece.text, "logprobs": lp,
+                  "finish_reason": piece.finish_reason}  # fmt: skip
+        yield {**head, "choices": [choice]}
+    if include_usage:
+        yield {**head, "choices": [], "usage": job.usage()}
+
+
+async def _chat_chunks(
+    head: dict[str, Any], job: Job, include_usage: bool
+) -> AsyncIterator[dict[str, Any]]:
+    chunk = {**head, "object": "chat.completion.chunk"}
+    for index in range(len(job.sources)):
+        delta = {"role": "assistant", "content": ""}
+        yield {**chunk, "choices": [{"index": index, "delta": delta, "finish_reason": None}]}
+    async for piece in _merged(job):
+        delta = {"content": piece.text} if piece.text else {}
+        choice = {"index": piece.index, "delta": delta, "logprobs": None,
+                  "finish_reason": piece.finish_reason}  # fmt: skip
+        yield {**chunk, "choices": [choice]}
+    if include_usage:
+        yield {**chunk, "choices": [], "usage": job.usage()}
+
+
+async def _sse(chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[str]:
+    """Server-sent ``data:`` events of ``chunks``, then ``[DONE]``; a failure as an error."""
+    try:
+        async for chunk in chunks:
+            yield f"data: {json.dumps(chunk)}\n\n"
+    except RuntimeError as err:
+        error = openai_error(500, None, f"generation failed: {err}", "failed")
+        yield f"data: {json.dumps(error)}\n\n"
+        return
+    yield "data: [DONE]\n\n"

@@ -6,9 +6,10 @@ Shape notation::
 
 A request's next token is chosen from its own ``(V,)`` logits the way the
 stages choose for one row (``kv_cache.generate`` with batch 1, and
-``padding.generate`` with a generator list): temperature 0 is the argmax (the
-first maximum) and draws nothing; otherwise ``torch.multinomial`` draws one
-sample from the softmax of ``kv_cache.filter_logits`` with the request's own
+``padding.generate`` with a generator list): a temperature below
+``GREEDY_BELOW`` (1e-5, 0 included) is the argmax (the first maximum) and
+draws nothing; otherwise ``torch.multinomial`` draws one sample from the
+softmax of ``kv_cache.filter_logits`` with the request's own
 ``torch.Generator``. So a request's draws do not depend on which other
 requests share its batch, and a seed reproduces its tokens.
 """
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from niels_gpt.model.kv_cache import filter_logits
+from niels_gpt_serve.schemas import GREEDY_BELOW
 
 __all__ = ["Knobs", "choose", "new_generator"]
 
@@ -46,7 +48,7 @@ def choose(logits: torch.Tensor, knobs: Knobs, generator: torch.Generator) -> in
     """
     wide = torch.promote_types(logits.dtype, torch.float32)  # as kv_cache: float64 stays
     row = logits.to(device="cpu", dtype=wide)[None]  # (1, V): filtered and drawn on the CPU
-    if knobs.temperature == 0:
+    if knobs.temperature < GREEDY_BELOW:
         return int(row.argmax(dim=-1))  # no draw: the generator is left untouched
     filtered = filter_logits(
         row, temperature=knobs.temperature, top_k=knobs.top_k, top_p=knobs.top_p

@@ -26,27 +26,44 @@ __all__ = [
 
 MAX_SEED = 2**63 - 1
 MAX_TEMPERATURE = 100.0
-#: The smallest temperature above 0: logits / T must stay finite in float32 (1e-39 made
-#: them inf and the draw NaN). Ask for 0 to get the argmax.
-MIN_TEMPERATURE = 1e-4
+#: Temperatures below this are greedy, as 0 is (vLLM's rule, its ``_SAMPLING_EPS``):
+#: logits / T would overflow float32 for the tiniest (1e-39 made the draw NaN), and
+#: any T this small puts all the mass on the maximum anyway.
+GREEDY_BELOW = 1e-5
 _DECIMAL = re.compile(r"[0-9]{1,19}")
 
 
+def unicode_text(text: str) -> str:
+    """``text`` if it has UTF-8 bytes; ValueError naming a lone surrogate if it has none.
+
+    JSON may carry ``"\\ud800"``, a half of a surrogate pair, which no UTF-8 encodes.
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise ValueError(
+            f"must be valid Unicode text: character {err.start} is a lone surrogate "
+            f"U+{ord(text[err.start]):04X}, which has no UTF-8 bytes"
+        ) from None
+    return text
+
+
 class Sampled(BaseModel):
-    """What every sampling request checks the same way: its ``temperature`` and ``seed``.
+    """What every sampling request checks the same way: its ``prompt`` text and ``seed``.
 
     A base for request models that declare both fields (the native and the
     OpenAI-compatible one), so their rules and messages cannot drift apart.
+    A temperature below ``GREEDY_BELOW`` is taken, and is greedy (``sampling.choose``).
     """
 
-    @field_validator("temperature", check_fields=False)
+    @field_validator("prompt", mode="before", check_fields=False)
     @classmethod
-    def temperature_in_range(cls, value: float) -> float:
-        """``value`` if it is 0 or in ``[MIN_TEMPERATURE, MAX_TEMPERATURE]``; else ValueError."""
-        if value != 0 and not MIN_TEMPERATURE <= value <= MAX_TEMPERATURE:
-            raise ValueError(
-                f"must be 0 (greedy) or in [{MIN_TEMPERATURE}, {MAX_TEMPERATURE}], got {value!r}"
-            )
+    def prompt_is_unicode(cls, value: object) -> object:
+        """Every prompt string with UTF-8 bytes (``unicode_text``), before its type is
+        checked, so the error names the surrogate; anything else is left to the type."""
+        for text in [value] if isinstance(value, str) else value if isinstance(value, list) else []:
+            if isinstance(text, str):
+                unicode_text(text)
         return value
 
     @field_validator("seed", mode="before", check_fields=False)
@@ -88,8 +105,8 @@ class GenerateRequest(Sampled, _Strict):
         ge=0.0,
         le=MAX_TEMPERATURE,
         allow_inf_nan=False,
-        description="0: greedy (the first maximum, no draw); otherwise in "
-        f"[{MIN_TEMPERATURE}, {MAX_TEMPERATURE}], dividing the logits.",
+        description=f"Below {GREEDY_BELOW} (0 included): greedy (the first maximum, no "
+        f"draw); otherwise it divides the logits. At most {MAX_TEMPERATURE}.",
     )
     top_k: int | None = Field(
         default=None, ge=1, description="Keep the k largest logits (ties kept); k <= V."
