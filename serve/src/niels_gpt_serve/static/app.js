@@ -338,6 +338,7 @@ function clearHover() {
 
 function options(select, count, name) {
   select.replaceChildren();
+  select.disabled = false;
   for (let i = 0; i < count; i++) {
     const option = document.createElement("option");
     option.value = String(i);
@@ -377,6 +378,14 @@ async function init() {
     });
   });
   setState("idle", "ready");
+  // Ready: what a screenshot or a test waits on (body[data-ready="true"]); until then the
+  // selects say "loading…" and Generate is disabled, so nothing empty or dead shows.
+  $("generate").disabled = false;
+  document.body.removeAttribute("aria-busy");
+  document.body.dataset.ready = "true";
 }
 
-init().catch((err) => setState("error", `could not load the model: ${err.message}`));
+init().catch((err) => {
+  document.body.removeAttribute("aria-busy");
+  setState("error", `could not load the model: ${err.message}`);
+});
