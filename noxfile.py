@@ -378,11 +378,11 @@ def serve(session: nox.Session) -> None:
 
     The venv (``.nox/serve``) is kept between runs; this checkout's wheels are
     reinstalled every time, so it serves the code you have. Without ``--checkpoint``
-    it serves the demo model (``--demo``: trained once, for minutes, then kept).
+    or ``--demo`` it serves the newest run under ``runs/``, or with none the demo
+    model shipped in the package, at once (``--demo`` trains that preset, minutes).
     """
     wheels = build_wheels(session)
     session.install("-c", str(CONSTRAINTS), "--find-links", str(wheels), "niels-gpt-serve")
     ours = [str(w) for w in sorted(wheels.glob("*.whl")) if "contracts" not in w.name]
     session.install("--no-deps", "--force-reinstall", "--quiet", *ours)
-    named = any(arg.startswith(("--checkpoint", "--demo")) for arg in session.posargs)
-    session.run("niels-serve", *([] if named else ["--demo"]), *session.posargs)
+    session.run("niels-serve", *session.posargs)

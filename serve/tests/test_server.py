@@ -138,10 +138,12 @@ def test_with_no_run_the_demo_model_is_trained_first_and_kept(
     monkeypatch.setattr(niels_gpt_experiments.cli, "train_main", train_main)
     said: list[str] = []
     runs = tmp_path / "runs"
-    run = choose_run(None, runs, said.append)
+    assert choose_run(None, runs, said.append) is None  # the shipped model: no training
+    assert asked == [] and said == []
+    run = choose_run(None, runs, said.append, shipped=False)
     assert run == runs / "demo" and (run / "checkpoints" / "latest").is_file()
     assert asked == [[*DEMO_FLAGS, "--out", str(runs / "demo"), "--resume"]]
-    assert "training the demo model first" in said[0]
+    assert "training the demo model" in said[0]
     assert choose_run(None, runs, said.append) == run  # next time it is the newest run
     newer = runs / "newer"
     shutil.copytree(run, newer)

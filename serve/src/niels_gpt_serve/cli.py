@@ -1,6 +1,6 @@
 """``niels-serve``: serve a ``niels-train`` run as a web page and an HTTP API.
 
-    niels-serve                              # the newest run under runs/, or the demo model
+    niels-serve                              # the newest run under runs/, or the shipped demo
     niels-serve --demo                       # runs/demo, trained first (once) if not there
     niels-serve --checkpoint runs/v1         # that run's newest checkpoint
     niels-serve --port 8000 --host 127.0.0.1
@@ -59,7 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     which.add_argument(
         "--demo",
         action="store_true",
-        help="serve <runs>/demo, training it first (once: minutes) if it is not there",
+        help="serve <runs>/demo, training it first (once: minutes) if it is not there; "
+        "without a run, niels-serve serves the demo model shipped in the package",
     )
     add("--runs", type=Path, default=Path("runs"), help="where runs are (default: %(default)s)")
     add("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
@@ -147,25 +148,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     from niels_gpt_experiments.loading import load_run
     from niels_gpt_serve.app import ENGINES, Served, create_app
     from niels_gpt_serve.runs import NotARunError, ServeError, choose_run, stderr
-    from niels_gpt_serve.trained import read_training
+    from niels_gpt_serve.shipped import SHIPPED_NAME, load_shipped, shipped_dir
+    from niels_gpt_serve.trained import Training, read_training
 
+    shipped = (shipped_dir() / f"{SHIPPED_NAME}.safetensors").is_file()
     try:
         try:
-            run_dir = choose_run(args.checkpoint, args.runs, stderr, demo=args.demo)
+            run_dir = choose_run(args.checkpoint, args.runs, stderr, args.demo, shipped)
         except NotARunError as err:
             parser.error(str(err))
-        loaded = load_run(run_dir, device=args.device)
+        if run_dir is None:
+            ready = load_shipped(args.device)
+            where = f"the shipped demo model ({shipped_dir() / SHIPPED_NAME}.safetensors)"
+            served = Served(ready.model, ready.config, ready.arch, SHIPPED_NAME, ready.step,
+                            ready.training)  # fmt: skip
+        else:
+            loaded = load_run(run_dir, device=args.device)
+            if not isinstance(loaded.model, GPT):
+                print(f"niels-serve: expected a niels_gpt GPT in {run_dir}, got "
+                      f"{type(loaded.model).__name__}", file=sys.stderr)  # fmt: skip
+                return 1
+            training = read_training(run_dir, loaded.step, loaded.meta)
+            where = str(run_dir)
+            served = Served(loaded.model, loaded.config, loaded.arch, run_dir.name, loaded.step,
+                            training)  # fmt: skip
     except (ServeError, OSError, ValueError, RuntimeError) as err:
         print(f"niels-serve: {err}", file=sys.stderr)
         return 1
-    if not isinstance(loaded.model, GPT):
-        print(f"niels-serve: expected a niels_gpt GPT in {run_dir}, got "
-              f"{type(loaded.model).__name__}", file=sys.stderr)  # fmt: skip
-        return 1
-    training = read_training(run_dir, loaded.step, loaded.meta)
-    quantized = apply_quant(loaded.model, args.quant)
-    served = Served(loaded.model, loaded.config, loaded.arch, run_dir.name, loaded.step, training)
-    app = create_app(served, limits, ENGINES[args.engine](loaded.model))
+    quantized = apply_quant(served.model, args.quant)
+    app = create_app(served, limits, ENGINES[args.engine](served.model))
     try:
         sock = listen(args.host, args.port)
     except OSError as err:
@@ -173,13 +184,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
-    cfg = loaded.config
+    cfg = served.config
     print(
-        f"niels-serve: {loaded.arch} (T={cfg.T} C={cfg.C} L={cfg.L} H={cfg.H}) from {run_dir}, "
-        f"step {loaded.step}{quantized}",
+        f"niels-serve: {served.arch} (T={cfg.T} C={cfg.C} L={cfg.L} H={cfg.H}) from {where}, "
+        f"step {served.step}{quantized}",
         flush=True,
     )
-    print(f"niels-serve: {training.summary()}", flush=True)
+    known = served.training or Training(step=served.step)
+    print(f"niels-serve: {known.summary()}", flush=True)
     print(f"niels-serve: open http://{shown}:{port}/ (Ctrl+C stops)", flush=True)
     config = uvicorn.Config(
         app, log_level=args.log_level, lifespan="on", timeout_graceful_shutdown=DRAIN_S

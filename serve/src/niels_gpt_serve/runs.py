@@ -3,7 +3,10 @@
 A run is a ``niels-train --out`` folder: ``run.json`` and
 ``checkpoints/latest`` naming its newest checkpoint. Models are loaded with
 the experiment's ``niels_gpt_experiments.loading.load_run``, never read here.
-The demo run is trained here on first use (``demo.py`` holds its preset).
+With no run named and none under ``runs/``, the demo model shipped in the
+package is served (``shipped.py``), so a first start serves at once;
+``--demo`` trains the same preset here instead (``demo.py``), into
+``<runs>/demo``.
 """
 
 from __future__ import annotations
@@ -42,7 +45,8 @@ def train_demo(runs: Path, say: Callable[[str], None]) -> Path:
     with its progress bar) unless its run is finished.
 
     Raises:
-        ServeError: the training failed (its own message is printed above).
+        ServeError: the training failed (its own message is printed above), or was
+            stopped by Ctrl+C (one line: the checkpoint kept, and how to resume).
     """
     out = runs / DEMO_RUN
     if demo_finished(out):
@@ -50,21 +54,35 @@ def train_demo(runs: Path, say: Callable[[str], None]) -> Path:
     from niels_gpt_experiments.cli import train_main  # torch and the corpus load only now
 
     say(
-        f"niels-serve: training the demo model first (niels-train {' '.join(DEMO_FLAGS)} "
-        f"--out {out} --resume): once, 5 to 20 minutes on one CPU core by its load; kept in "
-        f"{out}, and an interrupted training resumes"
+        f"niels-serve: training the demo model (niels-train {' '.join(DEMO_FLAGS)} "
+        f"--out {out} --resume): minutes on one CPU core, by its load; kept in {out}, "
+        "a checkpoint every 100 steps, and an interrupted training resumes"
     )
-    code = train_main([*DEMO_FLAGS, "--out", str(out), "--resume"])
+    try:
+        code = train_main([*DEMO_FLAGS, "--out", str(out), "--resume"])
+    except KeyboardInterrupt:
+        kept = _latest(out).read_text().strip() if _latest(out).is_file() else None
+        where = f"its last checkpoint, {out / 'checkpoints' / kept}, is kept" if kept else (
+            "no checkpoint was saved yet"
+        )  # fmt: skip
+        raise ServeError(
+            f"the demo training stopped (Ctrl+C): {where}; niels-serve --demo resumes it"
+        ) from None
     if code != 0 or not _latest(out).is_file():
         raise ServeError(f"niels-train --out {out} (the demo model) failed (exit status {code})")
     return out
 
 
 def choose_run(
-    checkpoint: Path | None, runs: Path, say: Callable[[str], None] = print, demo: bool = False
-) -> Path:
-    """The run folder to serve: ``checkpoint``; the demo when ``demo``; else the newest
-    run under ``runs``, or the demo when there is none.
+    checkpoint: Path | None,
+    runs: Path,
+    say: Callable[[str], None] = print,
+    demo: bool = False,
+    shipped: bool = True,
+) -> Path | None:
+    """The run folder to serve: ``checkpoint``; the demo, trained, when ``demo``; else the
+    newest run under ``runs``; with none, None (serve the shipped model) when ``shipped``
+    says the package has one, else the demo, trained.
 
     Raises:
         NotARunError: ``checkpoint`` is not a run folder.
@@ -81,6 +99,8 @@ def choose_run(
     if found is not None:
         say(f"niels-serve: serving the newest run under {runs}/: {found}")
         return found
+    if shipped and not demo:
+        return None
     return train_demo(runs, say)
 
 
