@@ -58,6 +58,7 @@ def test_a_lone_surrogate_is_a_json_error_and_the_connection_lives(
         error = bad.json()
         named = error["error"]["param"] if path.startswith("/v1") else error["field"]
         assert named == field and "surrogate" in bad.text, bad.text
+        assert "lone surrogate U+D800" in bad.text and "Value error" not in bad.text
         assert bad.headers.get("connection") != "close"
         ok = {"model": "tiny", "prompt": "ab", "max_tokens": 2}
         if path.startswith("/api"):

@@ -71,7 +71,12 @@ def _field(loc: Sequence[int | str]) -> str:
 def _validation(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
     errors = [
-        {"field": _field(e.get("loc", ())), "message": str(e.get("msg", "")), "type": e["type"]}
+        {
+            "field": _field(e.get("loc", ())),
+            # pydantic words a validator's ValueError "Value error, <its text>": the text only
+            "message": str(e.get("msg", "")).removeprefix("Value error, "),
+            "type": e["type"],
+        }
         for e in exc.errors()
     ]
     path = request.url.path
