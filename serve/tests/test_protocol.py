@@ -260,6 +260,7 @@ def test_chat_errors_are_400s_naming_the_field(oai: openai.OpenAI) -> None:
     for bad in (
         {"messages": []},
         {"messages": [{"role": "tool", "content": "x"}]},
+        {"messages": [{"role": "user", "content": "x", "name": "ann"}]},
         {"messages": CHAT, "max_tokens": 2, "max_completion_tokens": 2},
         {"messages": [{"role": "user", "content": "x" * 80}]},
         {"messages": CHAT, "temperature": 3},
@@ -268,5 +269,6 @@ def test_chat_errors_are_400s_naming_the_field(oai: openai.OpenAI) -> None:
             oai.chat.completions.create(model="tiny", **bad)
         body = refused.value.body
         assert isinstance(body, dict) and body["param"] in {
-            "messages", "messages.0.role", "max_completion_tokens", "temperature",
+            "messages", "messages.0.role", "messages.0.name", "max_completion_tokens",
+            "temperature",
         }, (bad, body)  # fmt: skip

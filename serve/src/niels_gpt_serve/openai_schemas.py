@@ -99,12 +99,12 @@ class TextPart(BaseModel):
 
 
 class Message(BaseModel):
-    """One chat message; ``content`` a string or a list of text parts."""
+    """One chat message; ``content`` a string or a list of text parts. (No ``name``: the
+    plain template has no place for one, and a field is never ignored silently.)"""
 
     model_config = ConfigDict(extra="forbid", strict=True)
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[TextPart]
-    name: str | None = None
 
     def text(self) -> str:
         if isinstance(self.content, str):
