@@ -382,7 +382,11 @@ def serve(session: nox.Session) -> None:
     model shipped in the package, at once (``--demo`` trains that preset, minutes).
     """
     wheels = build_wheels(session)
-    session.install("-c", str(CONSTRAINTS), "--find-links", str(wheels), "niels-gpt-serve")
+    # Not silent: the first install fetches torch and the rest for minutes, and a user
+    # should see pip working (it was 5 to 6 silent minutes).
+    session.install(
+        "-c", str(CONSTRAINTS), "--find-links", str(wheels), "niels-gpt-serve", silent=False
+    )  # fmt: skip
     ours = [str(w) for w in sorted(wheels.glob("*.whl")) if "contracts" not in w.name]
     session.install("--no-deps", "--force-reinstall", "--quiet", *ours)
     session.run("niels-serve", *session.posargs)
