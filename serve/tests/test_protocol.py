@@ -272,3 +272,10 @@ def test_chat_errors_are_400s_naming_the_field(oai: openai.OpenAI) -> None:
             "messages", "messages.0.role", "messages.0.name", "max_completion_tokens",
             "temperature",
         }, (bad, body)  # fmt: skip
+
+
+def test_echo_with_logprobs_checks_the_prompt_before_scoring_it(oai: openai.OpenAI) -> None:
+    """A prompt past the context was scored first, and the model's own error was a 500."""
+    with pytest.raises(openai.BadRequestError) as refused:
+        oai.completions.create(model="tiny", prompt="x" * 80, echo=True, logprobs=1, max_tokens=1)
+    assert isinstance(refused.value.body, dict) and refused.value.body["param"] == "prompt"

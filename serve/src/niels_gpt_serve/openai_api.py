@@ -156,12 +156,18 @@ def install_openai(
         if req.best_of is not None and req.best_of != req.n:
             raise FieldError("best_of", f"must be null or n={req.n}, got {req.best_of}")
         prompts = [req.prompt] if isinstance(req.prompt, str) else req.prompt
-        echoed: dict[str, list[Scored]] = {}
-        if req.echo and req.logprobs is not None:  # scored before any choice is submitted
-            for prompt in dict.fromkeys(prompts):
-                echoed[prompt] = await _score_prompt(batcher, served.model, prompt, req.logprobs)
         stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
-        job = start(req, prompts, stops)
+        job = start(req, prompts, stops)  # every prompt checked against the limits first
+        echoed: dict[str, list[Scored]] = {}
+        if req.echo and req.logprobs is not None:
+            try:  # the prompts' own tokens, scored between two steps of the batch
+                for prompt in dict.fromkeys(prompts):
+                    echoed[prompt] = await _score_prompt(
+                        batcher, served.model, prompt, req.logprobs
+                    )
+            except BaseException:
+                job.cancel()
+                raise
         head = _head(request, "cmpl", "text_completion", model_id)
         lp = req.logprobs is not None
         echo = (lambda i: (job.prompts[i], echoed.get(job.prompts[i]))) if req.echo else None
