@@ -63,3 +63,21 @@ def test_sites_are_found_in_the_source_text() -> None:
         "d.type != 'cpu'",
         "torch.backends.mps.is_available()",
     ]
+
+
+def test_a_branch_in_a_file_the_spec_lists_stands(repo: Repo) -> None:
+    """``paths.device_branches``: the brief names where a device branch belongs."""
+    repo.git("checkout", "-q", "main")
+    repo.replace(
+        "specs/beta.toml",
+        'may_change = ["packages/beta/**"]\n',
+        'may_change = ["packages/beta/**"]\ndevice_branches = ["packages/beta/src/ngx/*.py"]\n',
+    )
+    repo.commit("beta may branch on the device in its module")
+    repo.git("checkout", "-q", "pr")
+    repo.git("merge", "-q", "main")
+    repo.replace(BETA, USE, "    if x.device.type == 'cpu':\n        return x\n" + USE)
+    repo.commit()
+    code, out = repo.gate_json(*PR)
+    assert ("devices.branch", BETA) not in rules(out), out
+    assert code == 0, out

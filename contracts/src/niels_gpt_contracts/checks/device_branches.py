@@ -12,9 +12,9 @@ on the device type the base does not have:
   ``d.type in ("cuda", "mps")``);
 - a device's ``is_available()`` (``torch.cuda.is_available()``).
 
-The places the base has are the places the spec's history allowed; a new
-one comes in with a spec amendment that moves the line to the base first
-(the PR is then judged against a base that has it). Sites are compared as
+The places the base has stand, and so do the files the spec lists in
+``paths.device_branches`` (a spec amendment adds one, as quant's CPU kernel
+did): a PR brings a new branch only where its brief says one belongs. Sites are compared as
 source text with their counts, so moving a line is no new branch. A name
 built at run time (``getattr(x, "is_" + kind)``) or a device read from a
 string (``str(x.device)``) is beyond a reading of the text: SECURITY.md.
@@ -30,6 +30,7 @@ from typing import TypeGuard
 from niels_gpt_contracts.checks import pr_context
 from niels_gpt_contracts.result import Violation
 from niels_gpt_contracts.rules import RuleDoc
+from niels_gpt_contracts.spec import compile_patterns
 
 CHECK = "device-branches"
 RULE = "devices.branch"
@@ -44,7 +45,8 @@ RULE_DOCS: dict[str, RuleDoc] = {
         "device type only (is_cuda, device.type == ..., cuda.is_available()) gives those "
         "users another model, which the CPU oracle never sees. Only the branches the base "
         "already has stand.",
-        "Compute alike on every device, or bring the branch in by a spec amendment first.",
+        "Compute alike on every device, or list the file in the spec's paths.device_branches "
+        "by an amendment first.",
     ),
 }
 
@@ -103,13 +105,17 @@ def _count(text: str | None) -> Counter[str]:
 
 
 def check(ctx: pr_context.PrContext) -> list[Violation]:
-    """Every device branch in the PR's stage modules beyond the base's (same text, same count)."""
+    """Every device branch in the PR's stage modules beyond the base's (same text, same
+    count), outside the files the spec's ``paths.device_branches`` lists."""
     spec = ctx.spec
+    listed = compile_patterns(list(spec.device_branches))
     base = Counter[str]()
     for path in spec.module_files:
         base += _count(ctx.base_tree.read(path))
     found = []
     for path in spec.module_files:
+        if listed.match_file(path):
+            continue
         text = ctx.head_tree.read(path)
         if text is None:
             continue

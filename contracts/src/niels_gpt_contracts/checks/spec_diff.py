@@ -193,6 +193,13 @@ def _paths(base: Mapping[str, Any], head: Mapping[str, Any]) -> list[Change]:
         "ADDITIVE",
         "BREAKING",
     )
+    out += _sets(
+        base.get("device_branches", []),
+        head.get("device_branches", []),
+        "device_branches",
+        "BREAKING",
+        "ADDITIVE",
+    )
     bl, hl = _by_id(base.get("line_scoped", [])), _by_id(head.get("line_scoped", []))
     out += _sets(bl, hl, "line_scoped", "BREAKING", "ADDITIVE")
     out += [

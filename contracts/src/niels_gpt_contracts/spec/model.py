@@ -159,6 +159,8 @@ class Spec:
     oracle: OracleSpec | None
     may_match: pathspec.GitIgnoreSpec = field(compare=False, repr=False)
     must_not_match: pathspec.GitIgnoreSpec = field(compare=False, repr=False)
+    # the stage files where a branch on the device type may stand (checks.device_branches)
+    device_branches: tuple[str, ...] = ()
 
     def invariant_ids(self) -> set[str]:
         return {f"{self.id}.{inv.id}" for inv in self.invariants}

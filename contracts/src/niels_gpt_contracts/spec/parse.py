@@ -78,7 +78,7 @@ def parse_spec(path: str, text: str, schema: Mapping[str, Any]) -> Spec:
     stem = path.rsplit("/", 1)[-1].removesuffix(".toml")
     if data["id"] != stem:
         fail(("id",), f"expected the file's name {stem!r}, found {data['id']!r}")
-    for section in ("may_change", "must_not_change"):
+    for section in ("may_change", "must_not_change", "device_branches"):
         problem = _pattern_problem(data["paths"].get(section, []))
         if problem:
             fail(("paths", section), problem)
@@ -194,6 +194,7 @@ def parse_spec(path: str, text: str, schema: Mapping[str, Any]) -> Spec:
         ),
         may_match=compile_patterns(p["may_change"]),
         must_not_match=compile_patterns(p.get("must_not_change", [])),
+        device_branches=tuple(p.get("device_branches", [])),
     )
 
 
