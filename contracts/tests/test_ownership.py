@@ -124,6 +124,9 @@ def test_importing_a_module_no_stage_owns_fails(repo: Repo) -> None:
         ("import warnings\n", "source.import"),
         ("def under_test(w):\n    return w.filters\n", "source.dynamic"),
         ("def call(m, x):\n    return m._call_impl(x)\n", "source.dynamic"),
+        ("import torch\nk = torch.ops.aten.mm\n", "source.dynamic"),
+        ("import torch as t\nk = t.ops.aten._weight_int8pack_mm\n", "source.dynamic"),
+        ("import torch\nk = torch.ops\n", "source.dynamic"),
     ],
 )
 def test_unreadable_source_is_named_with_its_line(repo: Repo, code_line: str, rule: str) -> None:
@@ -135,6 +138,18 @@ def test_unreadable_source_is_named_with_its_line(repo: Repo, code_line: str, ru
     added = range(before.count("\n") + 1, before.count("\n") + 1 + code_line.count("\n"))
     found = {(v["rule"], v["path"], v["line"]) for v in out["violations"]}
     assert any((rule, BETA_MOD, line) in found for line in added), out["violations"]
+
+
+def test_an_allowed_aten_op_by_its_literal_name_is_readable(repo: Repo) -> None:
+    repo.write(
+        BETA_MOD,
+        repo.read(BETA_MOD)
+        + "\n\nimport torch\n\n\ndef fused(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor):\n"
+        + "    return torch.ops.aten._weight_int8pack_mm(x, q, s)\n",
+    )
+    repo.commit()
+    code, out = repo.gate_json(*PR)
+    assert code == 0, out["violations"]
 
 
 def test_literal_getattr_and_own_attributes_are_readable(repo: Repo) -> None:

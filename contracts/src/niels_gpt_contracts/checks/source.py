@@ -18,8 +18,9 @@ is held to two rules, checked with ``ast``:
   allowlist (``__dict__``, ``__signature__``, ``__wrapped__``, ``__code__``...);
   no attribute that names an interpreter-level module (``torch.sys``), loads
   or writes code or data (``torch.load``, ``.tofile``, ``torch.hub``,
-  ``torch.ops``), or is private to torch (``torch._C``); no method that
-  changes what calling or reading an object does (``__call__``,
+  ``torch.ops``), or is private to torch (``torch._C``), but for the ATen ops
+  ``ALLOWED_TORCH_OPS`` names, called by their literal name from ``torch``; no
+  method that changes what calling or reading an object does (``__call__``,
   ``__getattr__``...): a module's behaviour is its ``forward``.
 
 These rules cannot prove the absence of tampering (see ``contracts/SECURITY.md``);
@@ -107,6 +108,16 @@ DENIED_ATTRIBUTES = frozenset(
         *("f_back", "f_globals", "f_locals", "f_builtins", "f_code", "tb_frame", "tb_next"),
         *("gi_frame", "gi_code", "cr_frame", "cr_code", "ag_frame", "ag_code"),
         *("co_code", "co_consts", "co_names", "func_globals"),
+    }
+)
+# ATen ops a stage may call by their literal dotted name from ``torch`` (the
+# dispatcher, ``torch.ops``, and torch's private names are otherwise denied):
+# each names one kernel, so the call reads as what it runs, and each is here
+# for a spec that says why.
+ALLOWED_TORCH_OPS = frozenset(
+    {
+        # quant 3.0 (issue 49): the fused weight-only int8 kernel, which has no public name
+        "torch.ops.aten._weight_int8pack_mm",
     }
 )
 # Methods whose definition changes what calling or reading an object does.
@@ -241,14 +252,31 @@ def _torch_names(tree: ast.Module) -> set[str]:
     return names
 
 
+def _allowed_ops(tree: ast.Module) -> set[int]:
+    """Ids of the nodes that spell an ``ALLOWED_TORCH_OPS`` name, ``torch`` itself included
+    (only the literal chain from the name ``torch``, not an alias of it)."""
+    out: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and ast.unparse(node) in ALLOWED_TORCH_OPS:
+            part: ast.expr = node
+            while isinstance(part, ast.Attribute):
+                out.add(id(part))
+                part = part.value
+            out.add(id(part))
+    return out
+
+
 def _findings(tree: ast.Module, shared: set[str]) -> Iterator[tuple[str, int, str]]:
     callees = {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
     torch_names = _torch_names(tree)
+    allowed = _allowed_ops(tree)
     for node in ast.walk(tree):
         for name in _imports(node):
             problem = _import_problem(name, shared)
             if problem:
                 yield "source.import", getattr(node, "lineno", 1), problem
+        if id(node) in allowed:
+            continue
         problem = _dynamic_problem(node, callees, torch_names)
         if problem:
             yield "source.dynamic", getattr(node, "lineno", 1), problem
