@@ -14,12 +14,21 @@ output ``y`` and the float layer's exact output ``x @ w^T + b`` differ, row
 the first term from the codes (``|w - q s| <= s / 2`` elementwise), the second
 the rounding of a length-``I`` product, a scale and a bias in the layer's dtype
 (``eps`` of that dtype; of the autocast dtype under autocast, whose product
-accumulates in float32). Each layer call returns ``excess``, how far each
-output element goes past that bound (0 inside it), and the relation says it is
-zero everywhere.
+accumulates in float32). Since 3.0 a float32 layer's product on a CPU runs in
+bfloat16 activations (``x`` and ``s`` rounded to bfloat16, each ``q * s`` and
+the sum in float32, the sum rounded to bfloat16, the bias added in float32);
+to first order that moves the result by ``theta`` of the terms, ``theta = 4 u16
++ (I + 2) u32`` (``u = eps / 2``: ``x``, ``s``, the sum and a bias rounding of
+bfloat16 at most, ``q * s``, ``I`` additions and the bias in float32), and
+``theta + theta**2`` bounds it to every order, so the second term becomes
+``(theta + theta**2) (sum_i |x[i]| |q[o, i] s[o]| + |b[o]|)``, and those calls
+are compared at bfloat16's tolerance (``computes_in``). Each layer call returns
+``excess``, how far each output element goes past that bound (0 inside it),
+and the relation says it is zero everywhere.
 
 Domain: magnitudes over six decades, float32, float64, bfloat16 weights and
-bfloat16 autocast, a strided input, eval/train/no_grad/inference_mode and a
+bfloat16 autocast, widths the fused kernel takes (64) and widths it does not
+(40), a strided input, eval/train/no_grad/inference_mode and a
 backward, drawn GPT configs, a ``state_dict`` round trip and repeated calls,
 the documented bad inputs, and the stages a user stacks on a quantized model:
 the fast path, a KV cache (cached chunks equal to the uncached forward),
@@ -28,6 +37,7 @@ the fast path, a KV cache (cached chunks equal to the uncached forward),
 
 from __future__ import annotations
 
+import itertools
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -48,10 +58,19 @@ MAGNITUDES = (1e-3, 1.0, 1e3)
 DTYPES = ((torch.float32, "f32"), (torch.float64, "f64"), (torch.bfloat16, "bf16"))
 
 
+def _slack(dtype: torch.dtype, width: int) -> float:
+    """The rounding term's factor of a ``dtype`` layer of ``width`` inputs (module docstring)."""
+    if dtype == torch.float32:  # bfloat16 activations on a CPU (3.0)
+        theta = 4 * torch.finfo(torch.bfloat16).eps / 2 + (width + 2) * torch.finfo(dtype).eps / 2
+        return theta + theta * theta
+    return (width + 4) * torch.finfo(dtype).eps
+
+
 def _excess(
     layer: Int8Linear, linear: nn.Linear, x: torch.Tensor, y: torch.Tensor, eps: float
 ) -> torch.Tensor:
-    """How far ``y`` ``(..., O)`` is past the scales' bound of the float layer's exact output."""
+    """How far ``y`` ``(..., O)`` is past the scales' bound of the float layer's exact output;
+    ``eps`` is the rounding term's factor (``_slack``) over ``I + 4``."""
     x64 = x.detach().double()  # (..., I)
     exact = x64 @ linear.weight.detach().double().T  # (..., O)
     b = torch.zeros(layer.out_features, dtype=torch.float64)  # (O,)
@@ -85,49 +104,52 @@ def _weights(o: Oracle) -> None:
 
 def _layer(o: Oracle) -> None:
     """One layer against the float layer's exact output, over dtypes, magnitudes and modes."""
-    for dtype, short in DTYPES[:2]:
-        eps = torch.finfo(dtype).eps
-        for bias in (True, False):
-            linear = nn.Linear(40, 24, bias=bias).to(dtype)
-            o.load_weights(linear, f"lin-{short}-{bias}")
-            layer = quantize_linear(linear).eval()
-            for mag in MAGNITUDES:
-                x = (mag * o.randn(3, 5, 40, tag=f"x-{short}-{mag}")).to(dtype)  # (3, 5, 40)
-                name = f"layer/{short}/bias={bias}/{mag:g}"
+    for (dtype, short), width, bias in itertools.product(DTYPES[:2], (40, 64), (True, False)):
+        eps = _slack(dtype, width) / (width + 4)
+        computes = torch.bfloat16 if dtype == torch.float32 else None  # 3.0, on a CPU
+        linear = nn.Linear(width, 24, bias=bias).to(dtype)
+        at = "" if width == 40 else f"/I={width}"  # the fused kernel takes 64, not 40
+        o.load_weights(linear, f"lin-{short}-{bias}{at}")
+        layer = quantize_linear(linear).eval()
+        for mag in MAGNITUDES:
+            x = (mag * o.randn(3, 5, width, tag=f"x-{short}-{mag}{at}")).to(dtype)  # (3, 5, I)
+            name = f"layer/{short}/bias={bias}/{mag:g}{at}"
 
-                def run(
-                    x: torch.Tensor = x,
-                    layer: Int8Linear = layer,
-                    linear: nn.Linear = linear,
-                    eps: float = eps,
-                ) -> dict[str, Any]:
-                    with torch.no_grad():
-                        y = layer(x)  # (3, 5, 24)
-                    return {"y": y, "excess": _excess(layer, linear, x, y, eps)}
+            def run(
+                x: torch.Tensor = x,
+                layer: Int8Linear = layer,
+                linear: nn.Linear = linear,
+                eps: float = eps,
+            ) -> dict[str, Any]:
+                with torch.no_grad():
+                    y = layer(x)  # (3, 5, 24)
+                return {"y": y, "excess": _excess(layer, linear, x, y, eps)}
 
-                o.call(
-                    name,
-                    run,
-                    desc=f"Int8Linear(40, 24, bias={bias}) {short}, x of scale {mag:g}",
-                    stages=3,
-                    reduction=40,
-                    relations=[o.zero((name, "excess", ()), says="the scales' error bound")],
-                    axes=("magnitude", "dtype"),
-                )
-    linear = nn.Linear(40, 24)
+            o.call(
+                name,
+                run,
+                desc=f"Int8Linear({width}, 24, bias={bias}) {short}, x of scale {mag:g}",
+                stages=3,
+                reduction=width,
+                relations=[o.zero((name, "excess", ()), says="the scales' error bound")],
+                computes_in=computes,
+                axes=("magnitude", "dtype"),
+            )
+    linear = nn.Linear(64, 24)  # 3.0: a width the fused kernel takes
     o.load_weights(linear, "lin-modes")
     layer = quantize_linear(linear)
-    wide = o.randn(3, 5, 80, tag="x-wide", dtype=torch.float32)  # (3, 5, 80)
-    strided = wide[:, :, ::2]  # (3, 5, 40), stride 2 in the last dim
+    wide = o.randn(3, 5, 128, tag="x-wide", dtype=torch.float32)  # (3, 5, 128)
+    strided = wide[:, :, ::2]  # (3, 5, 64), stride 2 in the last dim
     o.call(
         "layer/strided",
         partial(layer, strided),
         desc="x[..., ::2] strided",
         stages=3,
-        reduction=40,
+        reduction=64,
+        computes_in=torch.bfloat16,
         axes=("layout",),
     )
-    x = wide[:, :, :40].contiguous()  # (3, 5, 40)
+    x = wide[:, :, :64].contiguous()  # (3, 5, 64)
 
     def autocast() -> dict[str, Any]:
         with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -139,24 +161,25 @@ def _layer(o: Oracle) -> None:
         autocast,
         desc="float32 layer under bf16 autocast",
         stages=3,
-        reduction=40,
+        reduction=64,
         computes_in=torch.bfloat16,
         axes=("dtype",),
         relations=[o.zero(("layer/autocast", "excess", ()), says="the scales' error bound")],
     )
 
     def backward() -> torch.Tensor:
-        xg = x.clone().requires_grad_(True)  # (3, 5, 40)
+        xg = x.clone().requires_grad_(True)  # (3, 5, 64)
         with torch.enable_grad():
             (layer.train()(xg) * torch.linspace(-1.0, 1.0, 24)).sum().backward()
-        return xg.grad if xg.grad is not None else torch.zeros(0)  # (3, 5, 40)
+        return xg.grad if xg.grad is not None else torch.zeros(0)  # (3, 5, 64)
 
     o.call(
         "layer/backward",
         backward,
         desc="grad of x, train mode",
         stages=3,
-        reduction=40,
+        reduction=64,
+        computes_in=torch.bfloat16,  # the gradient of x @ (q s')^T, s' the scales in bfloat16
         axes=("modes",),
     )
     with torch.inference_mode():
@@ -165,7 +188,8 @@ def _layer(o: Oracle) -> None:
             partial(layer.eval(), x),
             desc="inference_mode",
             stages=3,
-            reduction=40,
+            reduction=64,
+            computes_in=torch.bfloat16,
             axes=("modes",),
         )
 
@@ -200,8 +224,18 @@ def _models(o: Oracle) -> None:
         about = f"GPT V={cfg.V} T={cfg.T} C={cfg.C} H={cfg.H} L={cfg.L} d_ff={cfg.d_ff} {short}"
         red = max(cfg.T, cfg.C, cfg.d_ff)
         name = f"gpt/{short}"
+        # 3.0: a float32 model's int8 layers compute in bfloat16 activations on a CPU
+        computes = torch.bfloat16 if dtype == torch.float32 else None
         with torch.no_grad():
-            o.call(name, partial(gpt, ids), desc=about, stages=16, reduction=red, axes=("config",))
+            o.call(
+                name,
+                partial(gpt, ids),
+                desc=about,
+                stages=16,
+                reduction=red,
+                computes_in=computes,
+                axes=("config",),
+            )
             o.call(
                 f"{name}/again",
                 partial(gpt, ids),
@@ -210,6 +244,7 @@ def _models(o: Oracle) -> None:
                 reduction=red,
                 axes=("history",),
                 relations=[o.equal((name, "out", ()), (f"{name}/again", "out", ()))],
+                computes_in=computes,
             )
 
             def chunks(gpt: GPT = gpt, ids: torch.Tensor = ids, n: int = 3 + run) -> torch.Tensor:
@@ -226,6 +261,7 @@ def _models(o: Oracle) -> None:
                 reduction=red,
                 axes=("combos",),
                 relations=[o.equal((name, "out", ()), (f"{name}/cached", "out", ()))],
+                computes_in=computes,
             )
             fast = _gpt(o, cfg, f"gpt{run}", dtype)
             use_fast_attention(fast)
@@ -235,6 +271,7 @@ def _models(o: Oracle) -> None:
                 desc=f"{about}, fast path",
                 stages=16,
                 reduction=red,
+                computes_in=computes,
                 axes=("combos",),
             )
             fresh = _gpt(o, cfg, f"other{run}", dtype)
@@ -247,6 +284,7 @@ def _models(o: Oracle) -> None:
                 reduction=red,
                 axes=("history",),
                 relations=[o.equal((name, "out", ()), (f"{name}/loaded", "out", ()))],
+                computes_in=computes,
             )
             mask = torch.ones(2, cfg.T, dtype=torch.bool)  # (2, T)
             mask[0, :5] = False
@@ -256,6 +294,7 @@ def _models(o: Oracle) -> None:
                 desc=f"{about}, padded_forward, 5 pads in row 0",
                 stages=16,
                 reduction=red,
+                computes_in=computes,
                 axes=("combos",),
             )
         if dtype == torch.float64:

@@ -8,7 +8,10 @@ up to the weight's dtype (1 for a zero row), the codes ``round(w / s)`` (ties to
 even) clipped to ``[-127, 127]``, and a layer's output is
 ``x @ (q s)^T + b`` computed wholly in float64 from the given input, codes,
 scales and bias, then rounded once to the dtype the spec promises (the
-input's, or autocast's for a float32 input under ``torch.autocast``). Buffer
+input's, or autocast's for a float32 input under ``torch.autocast``). Since
+3.0 a float32 or bfloat16 product on a CPU runs in bfloat16 activations: the
+input and the scales are rounded to bfloat16 first and the product, exact in
+float64, is rounded to bfloat16 before the bias. Buffer
 names and checks are the spec's, so the oracle loads the same ``state_dict``
 into both and a bad input raises the same ``InputError``.
 """
@@ -97,9 +100,16 @@ class Int8Linear(nn.Module):
         if x.device != s.device or x.dtype not in (s.dtype, work):
             raise InputError(f"x must be {s.dtype} on {s.device}, got {x.dtype} on {x.device}")
         out_dtype = work if work is not None else x.dtype
-        w = self.qweight.double() * s.double().unsqueeze(1)  # (O, I) exact codes times scales
+        # 3.0: on a CPU a float32 or bfloat16 product runs in bfloat16 activations: the
+        # input and the scales rounded to bfloat16, the sum (exact here) rounded to bfloat16
+        bf16 = kind == "cpu" and out_dtype in (torch.float32, torch.bfloat16)
+        x64 = x.to(torch.bfloat16).double() if bf16 else x.double()  # (..., I)
+        s64 = (s.to(torch.bfloat16) if bf16 else s).double()  # (O,)
+        w = self.qweight.double() * s64.unsqueeze(1)  # (O, I) exact codes times scales
         with torch.autocast(kind, enabled=False):
-            y = x.double() @ w.T  # (..., O) float64
+            y = x64 @ w.T  # (..., O) float64
+            if bf16:
+                y = y.to(torch.bfloat16).double()  # the product's one rounding
             if self.bias is not None:
                 y = y + self.bias.double()
         return y.to(out_dtype)

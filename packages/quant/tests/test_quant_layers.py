@@ -29,7 +29,9 @@ def _mlp(device: torch.device, dtype: torch.dtype = torch.float32) -> nn.Sequent
 
 
 @pytest.mark.invariant("quant.linears_only")
-def test_any_tree_of_linears_is_quantized_in_place(device: torch.device, tol: Tol) -> None:
+def test_any_tree_of_linears_is_quantized_in_place(
+    device: torch.device, mixed_close: Callable[..., None]
+) -> None:
     net = _mlp(device).eval()
     x = torch.randn(4, 12, device=device)  # (4, 12)
     first, second = net[0], net[2]
@@ -38,7 +40,9 @@ def test_any_tree_of_linears_is_quantized_in_place(device: torch.device, tol: To
     assert type(net[1]) is nn.GELU and not net[0].training
     with torch.no_grad():
         want = F.linear(F.gelu(F.linear(x, net[0].dequantize(), net[0].bias)), net[2].dequantize())
-        torch.testing.assert_close(net(x), want, **tol(torch.float32))
+        # float32 int8 layers run in bfloat16 activations on a CPU (spec 3.0): its bound,
+        # two layers of two stages (product, bias) and the GELU between
+        mixed_close(net(x), want.double(), dtype=torch.bfloat16, stages=5, reduction=20)
     q, _ = quantize_weight(first.weight)
     assert torch.equal(net[0].qweight, q) and second.weight.dtype == torch.float32
 

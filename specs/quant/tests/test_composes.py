@@ -1,11 +1,13 @@
 """Acceptance tests: a quantized model under the other stages (stage quant).
 
 Each stage's own promise is the reference, taken on the quantized model
-itself: cached chunks equal the uncached forward, greedy generation equals an
-argmax loop over the forward, the fast path equals the explicit path, a padded
-row equals the row alone. Under autocast the quantized model must stay within
-the derived mixed-precision bound of its own float64 forward (conftest's
-``mixed_close``: 8 rounding stages a layer and the head).
+itself: cached chunks equal the uncached forward (within bfloat16's bound for
+a float32 model since 3.0: its int8 layers compute in bfloat16 activations on
+a CPU), greedy generation equals an argmax loop over the forward, the fast
+path equals the explicit path, a padded row equals the row alone. Under
+autocast the quantized model must stay within the derived mixed-precision
+bound of its own float64 forward (conftest's ``mixed_close``: 8 rounding
+stages a layer and the head).
 """
 
 from __future__ import annotations
@@ -39,7 +41,11 @@ def _quantized(device: torch.device, dtype: torch.dtype = torch.float64, seed: i
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("fast", [False, True])
 def test_cached_chunks_equal_the_uncached_forward(
-    device: torch.device, tol: Tol, dtype: torch.dtype, fast: bool
+    device: torch.device,
+    tol: Tol,
+    mixed_close: Callable[..., None],
+    dtype: torch.dtype,
+    fast: bool,
 ) -> None:
     model = _quantized(device, dtype)
     if fast:
@@ -51,7 +57,15 @@ def test_cached_chunks_equal_the_uncached_forward(
         assert all(c.keys.dtype == dtype for c in caches)  # the stand-in weight's dtype
         parts = [model(ids[:, p : p + 3]) for p in range(0, CFG.T, 3)]
         drop_kv_cache(model)
-    torch.testing.assert_close(torch.cat(parts, dim=1), full, **tol(dtype))
+    if dtype == torch.float64:
+        torch.testing.assert_close(torch.cat(parts, dim=1), full, **tol(dtype))
+        return
+    # 3.0: float32 int8 layers compute in bfloat16 activations on a CPU; two results of the
+    # same bound differ by at most twice it (8 stages a layer and the head, n = T)
+    mixed_close(
+        torch.cat(parts, dim=1), full.double(), dtype=torch.bfloat16,
+        stages=2 * (8 * CFG.L + 1), reduction=CFG.T,
+    )  # fmt: skip
 
 
 @pytest.mark.invariant("quant.composes")
