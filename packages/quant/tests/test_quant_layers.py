@@ -103,3 +103,41 @@ def test_a_layer_on_another_device_or_width_is_refused(device: torch.device) -> 
         layer(torch.zeros(2, 6, dtype=torch.float16, device=device))
     with pytest.raises(InputError, match="Tensor"):
         quantize_weight([[1.0]])  # type: ignore[arg-type]
+
+
+@pytest.mark.invariant("quant.fused_kernel")
+def test_a_misaligned_or_strided_input_gets_the_kernel_s_answer(device: torch.device) -> None:
+    # the fused kernel reads whole aligned vectors and checks nothing: the layer must hand it
+    # contiguous, aligned operands (a view two bytes into a buffer is neither)
+    layer = quantize_linear(_mlp(device, torch.bfloat16)[0])  # (20, 12): the F.linear path
+    wide = quantize_linear(nn.Linear(64, 24).to(device=device, dtype=torch.bfloat16))
+    buf = torch.randn(4 * 64 + 1, device=device).to(torch.bfloat16)  # (257,)
+    views = {"offset": buf[1:].view(4, 64), "strided": buf[:256].view(2, 128)[:, ::2]}
+    aligned = {k: v.clone() for k, v in views.items()}  # fresh, contiguous copies
+    with torch.no_grad():
+        for name, x in views.items():
+            assert torch.equal(wide(x), wide(aligned[name])), name
+        assert layer(torch.ones(3, 12, device=device, dtype=torch.bfloat16)).dtype == torch.bfloat16
+
+
+@pytest.mark.invariant("quant.fused_kernel")
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
+def test_inductor_compiles_bfloat16_and_float32_layers(
+    device: torch.device, mixed_close: Callable[..., None]
+) -> None:
+    # inductor lowers _weight_int8pack_mm itself and asserts its scales are in memory: a
+    # bfloat16 layer's are (the kernel, as eager); a float32 layer's would be converted inside
+    # the graph (LoweringException), so it compiles the same roundings through F.linear
+    if device.type != "cpu":
+        pytest.skip("the fused int8 kernel is the CPU's")
+    linear = nn.Linear(32, 16)
+    for dtype in (torch.bfloat16, torch.float32):
+        layer = quantize_linear(linear.to(dtype)).eval()
+        x = torch.randn(1, 1, 32).to(dtype)  # (1, 1, 32): a decode step's row
+        compiled = torch.compile(layer, fullgraph=True)  # inductor, as compile_step=True
+        with torch.no_grad():
+            got, want = compiled(x), layer(x)  # (1, 1, 16) each
+        if dtype == torch.bfloat16:
+            assert torch.equal(got, want)
+        else:  # two orders of a float32 sum, each rounded once to bfloat16
+            mixed_close(got, want.double(), dtype=torch.bfloat16, stages=2, reduction=32)
