@@ -18,15 +18,23 @@ Whole runs, timed interleaved by ``benchmarks.timing.measure``:
   the same model, batch and positions as the eager figure;
 - ``SdpaDecoder``: a compact decoder written here on the same weights, with
   its own static cache and ``scaled_dot_product_attention``;
+- ``StaticDecoder``, the same bare decoder as gpt-fast writes it, its one-token
+  step through ``torch.compile(fullgraph=True)``: the compiled rows are judged
+  against it, the eager ones against the eager bare decoder (issue 49);
 - a no-cache loop: every step reruns the whole prefix through ``GPT.forward``;
 - ``kv_cache.generate`` on the same model with its linear layers in weight-only
-  int8 (the quant stage).
+  int8 (the quant stage: on a CPU, bfloat16 activations through the fused
+  ``_weight_int8pack_mm``), and, compiled, on a bfloat16 copy quantized the
+  same way (gpt-fast's setting).
 
 Each cached decoder's tokens/s is also stated against the bandwidth floor
 (``benchmarks.floor``): the weights and cache bytes a token reads, the read
 bandwidth that implies, and that as a fraction of the machine's own read
-bandwidth, measured in the same run (a sum over four times the last level cache,
-at least 128 MiB: main memory's bandwidth, see ``benchmarks.floor``).
+bandwidth, measured in the same run: what one-row float32 ``F.linear``
+products on the model's own shapes read over four times the last level cache
+(issue 49; the old floor, a ``sum`` over as many bytes, beside it; see
+``benchmarks.floor``). Each comparison line states the load average
+(``os.getloadavg``) when it was measured.
 
 Padded against plain generation (issue 21's target: at most 1.05x the time)
 is also taken as ratios of back-to-back pairs (``timing.paired_ratios``, not
@@ -57,15 +65,25 @@ import torch._dynamo.testing
 
 from benchmarks import floor, train
 from benchmarks.decode_targets import (
+    FAST,
     FAST_COMPILED,
     INT8_COMPILED,
     PADDED,
     PLAIN,
+    SDPA,
+    SDPA_COMPILED,
     floor_fraction,
     padded_ratio,
     targets,
 )
-from benchmarks.decoders import SdpaDecoder, Step, recompute_loop, rewind, step_loop
+from benchmarks.decoders import (
+    SdpaDecoder,
+    StaticDecoder,
+    Step,
+    recompute_loop,
+    rewind,
+    step_loop,
+)
 from benchmarks.progress import note
 from benchmarks.timing import measure, paired_ratios, sync
 from benchmarks.where import load_line, machine
@@ -207,7 +225,11 @@ def _bench(device: torch.device, quick: bool, compile: bool) -> dict[str, Any]:
         int8_bf16 = cast(GPT, quantize_int8(bf16))
         reads[INT8_COMPILED] = (int8_bf16, 2)
         runs[INT8_COMPILED] = lambda: _greedy(int8_bf16, prompt, new, compiled=True)
-    runs["SDPA static cache"] = lambda: sdpa.greedy(prompt, new)
+    runs[SDPA] = lambda: sdpa.greedy(prompt, new)
+    if compile:  # gpt-fast's recipe on the bare decoder: its one-token step compiled whole
+        static = StaticDecoder(copy.deepcopy(plain), 1)
+        static_step = torch.compile(static.step, fullgraph=True)  # compiles in the warm-up run
+        runs[SDPA_COMPILED] = lambda: static.greedy(prompt, new, step=static_step)
     runs["no-cache recompute"] = lambda: recompute_loop(plain, prompt, new)
 
     outputs: dict[str, torch.Tensor] = {}
@@ -220,6 +242,7 @@ def _bench(device: torch.device, quick: bool, compile: bool) -> dict[str, Any]:
     stats = measure(
         {n: keep(n) for n in names}, device, rounds=1 if quick else 3, warmup=1, min_sample_s=0.0
     )
+    res["load_runs"] = list(os.getloadavg())  # the machine while the whole runs were timed
     # minutes a run on a CPU: its first run is the warm-up, then one timed run
     note(f"the no-cache recompute loop, {new} new tokens (the slow one)")
     stats |= measure(
@@ -241,7 +264,9 @@ def _bench(device: torch.device, quick: bool, compile: bool) -> dict[str, Any]:
     for n in bounded:
         read, itemsize = reads.get(n, (plain, 4))
         per[n] = floor.bytes_per_token(read, CFG, PROMPT, new, itemsize=itemsize)
-    res["floor"] = {"bandwidth": floor.read_bandwidth(), "bytes_per_token": per}
+    bandwidth = {**floor.read_bandwidth(), **floor.gemv_bandwidth(CFG)}
+    load = list(os.getloadavg())  # the machine when the floor was read
+    res["floor"] = {"bandwidth": bandwidth, "bytes_per_token": per, "load": load}
 
     def cached(step: Step) -> Callable[[int], Callable[[], object]]:
         def make(p: int) -> Callable[[], object]:
@@ -264,7 +289,7 @@ def _bench(device: torch.device, quick: bool, compile: bool) -> dict[str, Any]:
     prepare = {"kv_cache step, eager": cached(model)}
     if compiled is not None:
         prepare["kv_cache step, compiled"] = cached(compiled)
-    prepare["SDPA static cache"] = sdpa_step
+    prepare[SDPA] = sdpa_step
     prepare["no-cache recompute"] = lambda p: lambda: plain(ids[:, : p + 1])
     note(f"one-step latency at positions {', '.join(map(str, positions))}")
     res["latency_s"] = _latency(prepare, device, 3 if quick else 7, positions)
@@ -292,6 +317,7 @@ def table_lines(res: dict[str, Any]) -> list[str]:
             f"    {name:26s}{value:8.1f} tok/s  x{value / base:6.2f} vs recompute"
             f"   {agree}/{res['new']} tokens as generate's{frac}"
         )
+    lines += like_for_like(res)
     pairs = res.get("padded_pairs")
     if pairs:
         lines.append(
@@ -300,7 +326,7 @@ def table_lines(res: dict[str, Any]) -> list[str]:
         )
     if "floor" in res:
         per = res["floor"]["bytes_per_token"]
-        lines += floor.floor_lines(per, tps, res["floor"]["bandwidth"])
+        lines += floor.floor_lines(per, tps, res["floor"]["bandwidth"], res["floor"].get("load"))
     comp = res.get("compile")
     if comp is not None:
         lines.append(
@@ -328,6 +354,23 @@ def table_lines(res: dict[str, Any]) -> list[str]:
         cells = "".join(f"{lat[str(p)] * 1e3:10.2f}" for p in positions)
         ratio = lat[str(last)] / lat[str(first)]
         lines.append(f"    {name:26s}{cells}   {last}/{first} = x{ratio:.2f}")
+    return lines
+
+
+def like_for_like(res: dict[str, Any]) -> list[str]:
+    """Issue 49's pairs: eager against the eager bare decoder, compiled against the bare
+    decoder compiled the same way, and int8 against float32 in each mode, with the load."""
+    tps = res["tokens_per_s"]
+    pairs = [(FAST, SDPA), (FAST_COMPILED, SDPA_COMPILED), ("kv_cache.generate, int8", PLAIN),
+             (INT8_COMPILED, FAST_COMPILED), (INT8_COMPILED, PLAIN)]  # fmt: skip
+    found = [(a, b) for a, b in pairs if a in tps and b in tps]
+    if not found:
+        return []
+    load = res.get("load_runs")
+    at = f" (load average {load[0]:.2f}, {load[1]:.2f}, {load[2]:.2f})" if load else ""
+    lines = [f"  like for like, tokens/s over tokens/s of the same whole runs{at}:"]
+    for a, b in found:
+        lines.append(f"    {a:26s} / {b:26s} x{tps[a] / tps[b]:.2f}")
     return lines
 
 

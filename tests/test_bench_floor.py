@@ -11,6 +11,7 @@ import copy
 from pathlib import Path
 
 import pytest
+import torch
 from benchmarks import floor
 
 from niels_gpt.config import ModelConfig
@@ -79,6 +80,25 @@ def test_floor_lines_state_each_decoder_as_a_fraction_of_the_measured_bandwidth(
     assert "10.00 GB/s" in lines[0] and "128 MiB" in lines[0]
     assert "5.00 GB/s   50.0% of floor  (floor  100.0 tok/s)" in lines[1]
     assert "2.50 GB/s   25.0% of floor  (floor  400.0 tok/s)" in lines[2]
+
+
+def test_the_gemv_floor_is_the_floor_and_the_sum_stands_beside_it() -> None:
+    bandwidth = {"sum": 20e9, "copy_": 8e9, "read_bytes": 2**27, "gemv": 10e9,
+                 "gemv_bytes": 2**28}  # fmt: skip
+    lines = floor.floor_lines({"a": 100e6}, {"a": 50.0}, bandwidth, [3.5, 2.0, 1.0])
+    assert "10.00 GB/s over 256 MiB" in lines[0] and "load average 3.50, 2.00, 1.00" in lines[0]
+    assert lines[1].startswith("  old floor: this run read 20.00 GB/s")
+    assert "50.0% of floor  (floor  100.0 tok/s)  ( 25.0% of the sum floor)" in lines[2]
+
+
+def test_gemv_shapes_are_the_model_s_linears_and_the_probe_passes_the_bytes_asked() -> None:
+    shapes = floor.gemv_shapes(CFG)
+    model = GPT(CFG)
+    linears = [m.weight.shape for n, m in model.named_modules()
+               if isinstance(m, torch.nn.Linear) and n != "lm_head"]  # fmt: skip
+    assert sorted(shapes) == sorted(tuple(s) for s in linears)
+    got = floor.gemv_bandwidth(CFG, rounds=1, nbytes=3 * 4 * sum(o * i for o, i in shapes))
+    assert got["gemv_bytes"] >= 3 * 4 * sum(o * i for o, i in shapes) and got["gemv"] > 0
 
 
 def _caches(root: Path, entries: dict[str, tuple[str, str]]) -> Path:
