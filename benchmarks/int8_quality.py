@@ -3,9 +3,11 @@
     python -m benchmarks.int8_quality --run runs/q --data-dir DATA [--rows 64] [--new 448]
 
 Loads a ``niels-train`` run (float32), copies it and quantizes the copy with
-``quantize_int8``, and a bfloat16 copy the same way (int8 weights, bfloat16
-activations and cache: what ``benchmarks.decode`` times compiled as
-``int8 bf16, fast, compiled``), then prints for each against float32:
+``quantize_int8`` (since spec quant 3.0 its layers compute in bfloat16
+activations on a CPU, through the fused kernel: what ``benchmarks.decode``
+times as ``kv_cache.generate, int8``), and a bfloat16 copy the same way (int8
+weights, bfloat16 activations and cache: what it times compiled as ``int8
+bf16, fast, compiled``), then prints for each against float32:
 
 - the mean next-token loss over ``--rows`` fixed validation windows of the
   run's context (``niels_gpt_experiments.batches.eval_offsets``, the windows
