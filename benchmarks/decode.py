@@ -1,6 +1,7 @@
 """Greedy decoding with the kv_cache stage beside a recompute loop and a compact SDPA decoder.
 
     python -m benchmarks.decode [--device cpu|cuda|mps] [--quick] [--no-compile] [--threads N]
+                                [--like-for-like]
 
 Also a section of ``nox -s bench`` (``benchmarks.run``). Run alone, it prints
 its table; ``--write`` also writes ``decode.json`` and ``decode.txt`` into
@@ -161,20 +162,30 @@ def _compile(
 
 
 def bench(
-    device: torch.device, *, quick: bool = False, compile: bool = True, threads: int = 1
+    device: torch.device,
+    *,
+    quick: bool = False,
+    compile: bool = True,
+    threads: int = 1,
+    like_for_like: bool = False,
 ) -> dict[str, Any]:
-    """Every figure of the table as a dict (JSON-ready); ``threads`` 0 keeps torch's."""
+    """Every figure of the table as a dict (JSON-ready); ``threads`` 0 keeps torch's.
+
+    ``like_for_like``: issue 49's rows only (generate, fast path, padded, int8,
+    the SDPA decoder, each eager and compiled), 3 padded pairs; no recompute
+    loop, step loops or latency, and the targets that need them not judged.
+    """
     old_threads = torch.get_num_threads()
     torch.set_num_threads(threads or old_threads)
     try:
         with torch.no_grad():
-            return _bench(device, quick, compile)
+            return _bench(device, quick, compile, like_for_like)
     finally:
         torch.set_num_threads(old_threads)
         torch._dynamo.reset()
 
 
-def _bench(device: torch.device, quick: bool, compile: bool) -> dict[str, Any]:
+def _bench(device: torch.device, quick: bool, compile: bool, focus: bool) -> dict[str, Any]:
     torch.manual_seed(0)
     model = GPT(CFG).to(device).eval()
     plain = copy.deepcopy(model)  # the same weights, never switched: the recompute loop's
@@ -188,6 +199,7 @@ def _bench(device: torch.device, quick: bool, compile: bool) -> dict[str, Any]:
     res: dict[str, Any] = {"cfg": {**CFG.__dict__, "batch": 1}, "prompt": PROMPT, "new": new}
     res["positions"] = list(positions)
     res["threads"], res["quick"] = torch.get_num_threads(), quick
+    res["like_for_like"] = focus
 
     note("the first 16 greedy tokens of generate, SDPA and the recompute loop agree")
     want = recompute_loop(plain, prompt, 16)  # (1, t + 16): the first tokens must agree
@@ -210,15 +222,18 @@ def _bench(device: torch.device, quick: bool, compile: bool) -> dict[str, Any]:
         "kv_cache steps, eager": step_loop(model, model, caches, prompt, new),
         "kv_cache.generate, int8": lambda: _greedy(int8, prompt, new),
     }
+    if focus:
+        del runs["kv_cache steps, eager"]
     # (model, cache itemsize) a run reads: a bfloat16 model's cache holds 2-byte keys and values
     reads: dict[str, tuple[GPT, int]] = {"kv_cache.generate, int8": (int8, 4)}
     graphs: Callable[[], int] = lambda: 0  # noqa: E731
     compiled: Step | None = None
-    if compile:
+    if compile and not focus:
         note("torch._dynamo.explain and torch.compile of the one-token step")
         res["compile"], compiled, graphs = _compile(model, caches, ids, device, new)
         if compiled is not None:
             runs["kv_cache steps, compiled"] = step_loop(compiled, model, caches, prompt, new)
+    if compile:
         runs[FAST_COMPILED] = lambda: _greedy(cast(GPT, fast), prompt, new, compiled=True)
         # gpt-fast's setting: int8 weights, bfloat16 activations and cache, the fast path
         bf16 = use_fast_attention(copy.deepcopy(plain).bfloat16())
@@ -230,7 +245,8 @@ def _bench(device: torch.device, quick: bool, compile: bool) -> dict[str, Any]:
         static = StaticDecoder(copy.deepcopy(plain), 1)
         static_step = torch.compile(static.step, fullgraph=True)  # compiles in the warm-up run
         runs[SDPA_COMPILED] = lambda: static.greedy(prompt, new, step=static_step)
-    runs["no-cache recompute"] = lambda: recompute_loop(plain, prompt, new)
+    if not focus:
+        runs["no-cache recompute"] = lambda: recompute_loop(plain, prompt, new)
 
     outputs: dict[str, torch.Tensor] = {}
 
@@ -243,18 +259,19 @@ def _bench(device: torch.device, quick: bool, compile: bool) -> dict[str, Any]:
         {n: keep(n) for n in names}, device, rounds=1 if quick else 3, warmup=1, min_sample_s=0.0
     )
     res["load_runs"] = list(os.getloadavg())  # the machine while the whole runs were timed
-    # minutes a run on a CPU: its first run is the warm-up, then one timed run
-    note(f"the no-cache recompute loop, {new} new tokens (the slow one)")
-    stats |= measure(
-        {"no-cache recompute": keep("no-cache recompute")},
-        device,
-        rounds=1,
-        warmup=0,
-        min_sample_s=0.0,
-    )
+    if not focus:  # minutes a run on a CPU: its first run is the warm-up, then one timed run
+        note(f"the no-cache recompute loop, {new} new tokens (the slow one)")
+        stats |= measure(
+            {"no-cache recompute": keep("no-cache recompute")},
+            device,
+            rounds=1,
+            warmup=0,
+            min_sample_s=0.0,
+        )
     if not quick:
-        note(f"{PADDED} beside {PLAIN}, {PAIRS} pairs back to back")
-        res["padded_pairs"] = paired_ratios(runs[PLAIN], runs[PADDED], device, pairs=PAIRS)
+        pairs = 3 if focus else PAIRS
+        note(f"{PADDED} beside {PLAIN}, {pairs} pairs back to back")
+        res["padded_pairs"] = paired_ratios(runs[PLAIN], runs[PADDED], device, pairs=pairs)
     res["runs"] = {n: s.as_dict() for n, s in stats.items()}
     res["tokens_per_s"] = {n: new / s.median for n, s in stats.items()}
     res["agree_with_generate"] = {n: _agree(o, outputs[PLAIN]) for n, o in outputs.items()}
@@ -286,6 +303,8 @@ def _bench(device: torch.device, quick: bool, compile: bool) -> dict[str, Any]:
         sdpa.forward(ids[:, :p], 0)  # (1, p, V): the prefill, untimed
         return lambda: sdpa.forward(ids[:, p : p + 1], p)
 
+    if focus:
+        return res
     prepare = {"kv_cache step, eager": cached(model)}
     if compiled is not None:
         prepare["kv_cache step, compiled"] = cached(compiled)
@@ -308,13 +327,14 @@ def table_lines(res: dict[str, Any]) -> list[str]:
         f"  whole runs (prefill + steps), interleaved, median of "
         f"{len(res['runs']['kv_cache.generate']['rounds_s'])} (recompute: 1)",
     ]
-    base = tps["no-cache recompute"]
+    against = "no-cache recompute" if "no-cache recompute" in tps else PLAIN
+    base, short = tps[against], "recompute" if against != PLAIN else "generate"
     for name, value in tps.items():
         agree = res["agree_with_generate"][name]
         bounded = name in res.get("floor", {}).get("bytes_per_token", {})
         frac = f"  {floor_fraction(res, name):5.0%} of floor" if bounded else ""
         lines.append(
-            f"    {name:26s}{value:8.1f} tok/s  x{value / base:6.2f} vs recompute"
+            f"    {name:26s}{value:8.1f} tok/s  x{value / base:6.2f} vs {short}"
             f"   {agree}/{res['new']} tokens as generate's{frac}"
         )
     lines += like_for_like(res)
@@ -344,6 +364,8 @@ def table_lines(res: dict[str, Any]) -> list[str]:
                 f"({comp['compile_s']:.0f} s, compiling included: inductor's disk cache may be "
                 f"warm), {comp['graphs_compiled']} after all timing",
             ]
+    if "latency_s" not in res:  # a --like-for-like run
+        return lines
     rounds = "median of 3" if res["quick"] else "median of 7"
     positions = res.get("positions", POSITIONS)
     first, last = positions[0], positions[-1]
@@ -380,13 +402,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="one round, 32 new tokens")
     parser.add_argument("--write", action="store_true", help="write decode.json, decode.txt")
     parser.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    parser.add_argument(
+        "--like-for-like",
+        action="store_true",
+        help="issue 49's rows only: no recompute loop, step loops or latency; 3 padded pairs",
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch threads; 0 keeps torch's")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     torch.set_num_threads(args.threads or torch.get_num_threads())  # as machine() reports it
     t0, load0 = time.perf_counter(), os.getloadavg()[0]
-    res = bench(device, quick=args.quick, compile=not args.no_compile, threads=args.threads)
+    res = bench(
+        device,
+        quick=args.quick,
+        compile=not args.no_compile,
+        threads=args.threads,
+        like_for_like=args.like_for_like,
+    )
     res["load_average"] = [load0, os.getloadavg()[0]]  # other work on a shared machine
     res["targets"] = [{"target": n, "met": ok, "value": d} for n, ok, d in targets(res)]
     res["wall_s"] = time.perf_counter() - t0
