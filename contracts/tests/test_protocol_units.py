@@ -296,3 +296,52 @@ def test_a_well_formed_answer_is_read() -> None:
         _wire(json.dumps({**GOOD, "dtypes": {"k": "float32"}}).encode(), blob), answer
     )
     assert answer.problem is None and answer.outputs["k"].data.shape == (2, 3)
+
+
+class Gross(Good):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x) * 1.3  # (B, T, C) 30% off
+
+
+def test_a_declared_break_loosens_the_outputs_to_bfloat16s_bound_only() -> None:
+    """Under a pending ``Spec-Break`` the new numbers are the oracle's to judge: a
+    rounding-sized change passes the load row, a gross error does not."""
+    base = _base(Good)
+
+    def load_rows(cls: type[nn.Module]) -> list[str]:
+        head = protocol.merge(_answer(_probe(cls, None)), _answer(_probe(cls, base.weights)))
+        got = head.probe("m:X", "small")
+        assert got is not None
+        pair = protocol_rules.Pair(
+            "m:X", "small", "C=16", got, base.report, head.outputs, _outputs(base.outputs),
+            stages=8, reduction=24, declared_break=True,
+        )  # fmt: skip
+        return [m for r, m in protocol_rules.judge(pair) if r == "protocol.load"]
+
+    assert load_rows(Drifts) == []
+    assert load_rows(Gross) != []
+
+
+def test_declared_breaks_are_read_from_the_trailers_since_the_code_met_them(
+    tmp_path: Path,
+) -> None:
+    from gatekit import Repo
+
+    repo = Repo(tmp_path)
+    repo.git("init", "-q", "-b", "main")
+    repo.git("config", "user.name", "m")
+    repo.git("config", "user.email", "m@example.com")
+
+    def commit(message: str) -> str:
+        repo.write("f.txt", message)
+        return repo.commit(message)
+
+    commit("start")
+    commit("specs: q 2.0\n\nSpec: q\nSpec-Break: other numbers")
+    commit("specs: r 1.1\n\nSpec: r")
+    git = GitRepo(tmp_path)
+    assert protocol.declared_breaks(git, "HEAD") == {"q"}
+    commit("q: the code of 2.0\n\nStage: q")
+    assert protocol.declared_breaks(git, "HEAD") == set()
+    commit("specs: q 3.0, r 2.0\n\nSpec: q\nSpec: r\nSpec-Break: both")
+    assert protocol.declared_breaks(git, "HEAD") == {"q", "r"}

@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import hashlib
 import random
+import re
 import secrets
 import shutil
 from collections.abc import Callable, Sequence
+from collections.abc import Set as AbstractSet
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -31,6 +33,7 @@ from typing import Any
 from niels_gpt_contracts.checks import pr_context
 from niels_gpt_contracts.checks.modules import namespaces
 from niels_gpt_contracts.errors import ConfigError
+from niels_gpt_contracts.gitdiff import GitRepo
 from niels_gpt_contracts.result import BROKEN, KEPT, NOT_RUN, Outcome, Violation
 from niels_gpt_contracts.sandbox import confine, protocol_run, workspace
 from niels_gpt_contracts.sandbox.environment import Sandbox, Snapshot
@@ -180,6 +183,33 @@ def merge(own: protocol_run.Answer, loaded: protocol_run.Answer) -> protocol_run
     return out
 
 
+def declared_breaks(repo: GitRepo, base: str, limit: int = 500) -> set[str]:
+    """Stages whose spec, at ``base``, declares a break their code has not yet met.
+
+    Walking back from ``base``: a ``Spec: S`` commit with a ``Spec-Break:``
+    trailer before (newer than) any ``Stage: S`` commit means the brief now
+    promises other numbers than the base's code computes (quant 3.0's
+    bfloat16 activations). The oracle and the float64 reference judge those
+    numbers by the new spec; the protocol then holds that stage's outputs on
+    the base's weights to bfloat16's bound only (``Pair.declared_break``).
+    """
+    fmt = "%x1f".join(
+        f"%(trailers:key={k},valueonly,separator=%x1e)" for k in ("Stage", "Spec", "Spec-Break")
+    )
+    raw = repo.git("log", "-z", f"-n{limit}", f"--format={fmt}", base)
+    met: set[str] = set()
+    broken: set[str] = set()
+    for record in raw.split(b"\0"):
+        parts = record.decode("utf-8", "replace").strip("\n").split("\x1f")
+        if len(parts) != 3:
+            continue
+        stages, specs = (set(re.split(r"[\x1e\n]", p)) - {""} for p in parts[:2])
+        if parts[2].strip():
+            broken |= {s.strip() for s in specs} - met
+        met |= {s.strip() for s in stages}
+    return broken
+
+
 def judge_protocol(
     ctx: pr_context.PrContext,
     p: plan.Plan,
@@ -207,7 +237,8 @@ def judge_protocol(
         why = f"{changed[0]} changed while the PR's protocol worker ran ({len(changed)} file(s))"
         found = [Violation("sandbox.tampered", changed[0], None, why, stage, CHECK)]
         return Outcome(stage, CHECK, BROKEN, "the base's weights or code changed", found)
-    return decide(p.stage, list(ctx.specs.values()), drawn, base, head, seed)
+    breaks = declared_breaks(ctx.repo, ctx.base)
+    return decide(p.stage, list(ctx.specs.values()), drawn, base, head, seed, breaks)
 
 
 def request_for(specs: Sequence[Spec], closure: Sequence[Spec], seed: int) -> dict[str, Any]:
@@ -229,8 +260,10 @@ def decide(
     base: protocol_run.Answer,
     head: protocol_run.Answer,
     seed: int,
+    breaks: AbstractSet[str] = frozenset(),
 ) -> Outcome:
-    """The row from both workers' answers (the base's already known to be sound)."""
+    """The row from both workers' answers (the base's already known to be sound);
+    ``breaks``: the stages with a declared break pending (``declared_breaks``)."""
     stage = spec.id
     problem = head.problem or head.report.get("fatal")
     if problem:
@@ -241,7 +274,7 @@ def decide(
     probed = 0
     defined = {**base.report.get("defined", {})}
     for label, by_size in sorted(base.report["classes"].items()):
-        path, _owner = _file(specs, defined.get(label))
+        path, owner = _file(specs, defined.get(label))
         for size in drawn:
             want = by_size.get(size["name"])
             got = head.probe(label, size["name"])
@@ -254,6 +287,7 @@ def decide(
             pair = Pair(
                 label, size["name"], _where(size), got, want, head.outputs, base.outputs,
                 stages=8 * (c["L"] + 1) + 4, reduction=max(c["C"], c["d_ff"], size["T"]),
+                declared_break=owner in breaks,
             )  # fmt: skip
             for rule, message in judge(pair):
                 text = f"{label.rpartition(':')[2]} ({size['name']} size): {message}"

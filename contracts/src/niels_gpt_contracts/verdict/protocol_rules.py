@@ -36,6 +36,10 @@ class Pair:
     base_out: dict[str, Output]
     stages: int  # rounding stages a forward of this class chains (tolerance)
     reduction: int  # the longest sum in it (tolerance)
+    # The class's stage has a declared break pending (``protocol.declared_breaks``): its
+    # numbers are the oracle's to judge by the new spec, and the outputs on the base's
+    # weights need only agree within bfloat16's bound (a gross error still shows).
+    declared_break: bool = False
 
     def outputs(self, side: dict[str, Output], what: str) -> dict[str, Output]:
         prefix = f"{self.label}|{self.size}|{what}|"
@@ -51,7 +55,11 @@ class ProtocolRule:
     check: Callable[[Pair], list[str]]
 
 
-def _differ(pair: Pair, got: dict[str, Output], want: dict[str, Output]) -> Iterator[str]:
+def _differ(
+    pair: Pair, got: dict[str, Output], want: dict[str, Output], loose: bool = False
+) -> Iterator[str]:
+    """Each output of ``got`` beyond the dtype's bound of ``want``'s; ``loose``: bfloat16's
+    bound for float outputs (a declared break)."""
     if sorted(got) != sorted(want):
         yield f"outputs {sorted(got)} where {sorted(want)} were expected"
         return
@@ -60,9 +68,12 @@ def _differ(pair: Pair, got: dict[str, Output], want: dict[str, Output]) -> Iter
         if g.dtype != w.dtype:
             yield f"{key} is {g.dtype} where {w.dtype} was expected"
             continue
-        found = tolerance.compare(
-            g.data, w.data, w.dtype, stages=pair.stages, reduction=pair.reduction
-        )
+        if loose and w.dtype in ("float32", "float64"):
+            found = tolerance.compare(g.data, w.data, "bfloat16", stages=2, reduction=1)
+        else:
+            found = tolerance.compare(
+                g.data, w.data, w.dtype, stages=pair.stages, reduction=pair.reduction
+            )
         if found is not None:
             yield f"{key}: {found.text}"
 
@@ -211,7 +222,7 @@ def _load(p: Pair) -> list[str]:
     got, want = p.outputs(p.head_out, "loaded"), p.outputs(p.base_out, "subject")
     return [
         f"with the base's weights at {p.where}, {diff} (the base's answer)"
-        for diff in _differ(p, got, want)
+        for diff in _differ(p, got, want, loose=p.declared_break)
     ][:3]
 
 
