@@ -239,11 +239,18 @@ class RealRepo(Repo):
         return self.commit(f"{message}\n\nStage: {stage}")
 
     def verdict(self, *extra: str) -> tuple[int, dict[str, Any], str]:
+        return self._verdict("--full", *extra)
+
+    def verdict_stopping(self, *extra: str) -> tuple[int, dict[str, Any], str]:
+        """``verdict`` without ``--full``: the rows up to the first BROKEN one."""
+        return self._verdict(*extra)
+
+    def _verdict(self, *extra: str) -> tuple[int, dict[str, Any], str]:
         out, err = io.StringIO(), io.StringIO()
         args = [
             "pr", "--repo", str(self.root), "--base", "main", "--head", "HEAD",
             "--python", sys.executable, "--cache-dir", str(self.cache), "--jobs", "1",
-            "--format", "json", "--full", *extra,
+            "--format", "json", *extra,
         ]  # fmt: skip
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             code = main(args)
