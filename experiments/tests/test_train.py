@@ -302,7 +302,8 @@ def test_the_bar_the_closing_line_and_the_log_show_the_run_average(
     assert result.tokens_per_s == tokens / result.seconds
     assert sum(result.step_seconds) < result.seconds < wall
     text = capsys.readouterr().out
-    bar = re.findall(r"step 6/6 .*loss \S+ ([\d,]+ tokens/s)", text)
+    # Captured output is not a terminal: the progress shows as lines, the bar's columns.
+    bar = re.findall(r"step 6/6 .*loss \S+ +([\d,]+ tokens/s)", text)
     closing = re.findall(
         r"done: step 6, val loss \S+, ([\d,]+ tokens/s) \(the run's average\)", text
     )

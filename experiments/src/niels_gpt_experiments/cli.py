@@ -2,7 +2,7 @@
 
     niels-train --quick                               # seconds, tiny model
     niels-train --model v0 --steps 2000 --out runs/v0
-    niels-train --out runs/v0 --resume                # continue the same curve
+    niels-train --out runs/v0 --resume                # continue the same curve (or after Ctrl+C)
     torchrun --standalone --nproc_per_node=2 --no-python niels-train --quick
     torchrun --standalone --nproc_per_node=2 --no-python niels-train --quick --fsdp
 
@@ -20,11 +20,17 @@ from pathlib import Path
 from typing import Any
 
 from niels_gpt_experiments.checkpoint import CheckpointError
+from niels_gpt_experiments.checkpoint import latest as latest_checkpoint
 from niels_gpt_experiments.config import QUICK, SettingsChangedError, TrainConfig
 from niels_gpt_experiments.corpus import CorpusError
 from niels_gpt_experiments.flags import TRAIN_FLAGS, folder_problem, with_flags
+from niels_gpt_experiments.interrupt import TrainingInterrupted
 
-__all__ = ["build_parser", "config_from_args", "train_main"]
+__all__ = ["INTERRUPTED", "build_parser", "config_from_args", "interrupted_text", "train_main"]
+
+#: niels-train's exit status on Ctrl+C: 128 + SIGINT, as a shell reports a command the
+#: signal stopped, so a caller can tell "the user stopped it" (resumable) from a failure (1).
+INTERRUPTED = 130
 
 # (flag, TrainConfig field, type, help); every default is TrainConfig's.
 _OPTIONS: tuple[tuple[str, str, Any, str], ...] = (
@@ -54,6 +60,12 @@ _OPTIONS: tuple[tuple[str, str, Any, str], ...] = (
     ("--temperature", "temperature", float, "temperature of the sampled continuation"),
     ("--top-k", "top_k", int, "top-k filter of the sampled continuation"),
     ("--checkpoint-every", "checkpoint_every", int, "steps between checkpoints"),
+    (
+        "--checkpoint-minutes",
+        "checkpoint_minutes",
+        float,
+        "also checkpoint after a step ending this many minutes after the last checkpoint (0: off)",
+    ),
     ("--keep-checkpoints", "keep_checkpoints", int, "how many checkpoints to keep"),
     ("--out", "out_dir", Path, "run directory: checkpoints, metrics.jsonl, run.json"),
     ("--stop-after", "stop_after", int, "stop (with a checkpoint) after this step; resume later"),
@@ -135,7 +147,18 @@ def build_parser() -> argparse.ArgumentParser:
         dest="progress",
         action="store_false",
         default=None,
-        help="no progress bar (evaluations are still printed)",
+        help="no progress bar or lines (evaluations are still printed)",
+    )
+    parser.add_argument(
+        "--progress-seconds",
+        dest="progress_seconds",
+        type=float,
+        metavar="SECONDS",
+        help=_with_default(
+            "progress_seconds",
+            "where the output is not a terminal (a log, a pipe), a progress line this often "
+            "instead of the bar",
+        ),
     )
     return parser
 
@@ -176,8 +199,11 @@ def _one_line(err: BaseException) -> str:
 def train_main(argv: Sequence[str] | None = None) -> int:
     """Console script ``niels-train``.
 
-    Exit 0 done; 1 the run failed (a damaged checkpoint, the standard library's
-    sources unreadable); 2 an input error, which names its flag: a bad value, a
+    Exit 0 done; 130 (128 + SIGINT, the status a shell gives a command that
+    Ctrl+C stopped) on Ctrl+C, after one line naming the checkpoint saved at
+    the interrupt (the step under way finishes first; a second Ctrl+C stops at
+    once and names the one before); 1 the run failed (a damaged checkpoint, the
+    standard library's sources unreadable); 2 an input error, which names its flag: a bad value, a
     device this machine lacks, a ``--corpus`` that is missing or has nothing to
     train on, an ``--out`` that holds a run (``--resume``, ``--overwrite``), or a
     ``--resume`` whose flags differ from the checkpoint's. Errors are one line on
@@ -189,6 +215,44 @@ def train_main(argv: Sequence[str] | None = None) -> int:
         cfg = config_from_args(args)
     except ValueError as err:
         parser.error(str(err))
+    try:
+        return _train_main(cfg)
+    except TrainingInterrupted as stopped:
+        print(f"niels-train: {interrupted_text(stopped, cfg.out_dir)}", file=sys.stderr)
+        return INTERRUPTED
+    except KeyboardInterrupt:  # before the steps began (torch, the corpus, the model)
+        print(f"niels-train: {interrupted_text(None, cfg.out_dir)}", file=sys.stderr)
+        return INTERRUPTED
+
+
+def interrupted_text(stopped: TrainingInterrupted | None, out_dir: Path) -> str:
+    """The one line of a run stopped by Ctrl+C: where it stopped, which checkpoint holds it.
+
+    ``stopped`` is ``None`` for a Ctrl+C before the first step; the line then
+    names the checkpoint already in ``out_dir``, if any.
+    """
+    resume = "continue with the same flags and --resume"
+    if stopped is None:
+        try:
+            found = latest_checkpoint(out_dir)
+        except CheckpointError:
+            found = None
+        if found is None:
+            return "interrupted before the first step; no checkpoint written"
+        return f"interrupted before the first step; the last checkpoint is {found}; {resume}"
+    if stopped.checkpoint is None:
+        return f"interrupted during step {stopped.step + 1}; no checkpoint written yet"
+    if stopped.saved_now:
+        return (
+            f"interrupted: stopped after step {stopped.step}, saved {stopped.checkpoint}; {resume}"
+        )
+    return (
+        f"interrupted during step {stopped.step + 1}; the last checkpoint is "
+        f"{stopped.checkpoint}; {resume}"
+    )
+
+
+def _train_main(cfg: TrainConfig) -> int:
     from niels_gpt.device import DeviceUnavailableError, resolve_device  # torch loads here
     from niels_gpt_experiments.progress import rate_text
     from niels_gpt_experiments.trainer import RunExistsError, train

@@ -77,6 +77,10 @@ class TrainConfig:
     ``d_ff`` is v1's SwiGLU width (default ``3 * C``); a v0 model takes the GELU
     width that matches v1's parameter count at that ``d_ff``.
     ``checkpoint_every=None`` checkpoints at every evaluation and at the end.
+    ``checkpoint_minutes`` also checkpoints after any step that ends that many
+    minutes after the last checkpoint (or the start), so a slow machine loses
+    at most that much of a run (0: off). ``progress_seconds`` is the interval
+    of the progress lines printed where the output is not a terminal.
     ``warmup=None`` warms up for ``default_warmup(steps)`` = ``min(100, steps // 10)``
     steps. ``overwrite`` lets a fresh run replace the run already in ``out_dir``
     (without it, and without ``resume``, such a run is refused).
@@ -118,11 +122,13 @@ class TrainConfig:
     temperature: float = 0.8
     top_k: int | None = 40
     checkpoint_every: int | None = None
+    checkpoint_minutes: float = 5.0
     keep_checkpoints: int = 2
     out_dir: Path = field(default=Path("runs/niels-train"))
     resume: bool = False
     stop_after: int | None = None
     progress: bool = True
+    progress_seconds: float = 15.0
     overwrite: bool = False
 
     def __post_init__(self) -> None:
@@ -166,6 +172,12 @@ class TrainConfig:
             )
         if self.checkpoint_every is not None and self.checkpoint_every < 1:
             raise ValueError(f"checkpoint_every must be >= 1, got {self.checkpoint_every}")
+        if not self.checkpoint_minutes >= 0:  # NaN is refused too
+            raise ValueError(
+                f"checkpoint_minutes must be >= 0 (0: off), got {self.checkpoint_minutes}"
+            )
+        if not self.progress_seconds >= 0:
+            raise ValueError(f"progress_seconds must be >= 0, got {self.progress_seconds}")
         if self.fsdp and self.precision == "fp16":
             raise ValueError(
                 "--fsdp with fp16 is not supported: a gradient scaler would have to agree on "

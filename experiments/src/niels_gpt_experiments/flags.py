@@ -48,6 +48,8 @@ TRAIN_FLAGS: dict[str, str] = {
     "temperature": "--temperature",
     "top_k": "--top-k",
     "checkpoint_every": "--checkpoint-every",
+    "checkpoint_minutes": "--checkpoint-minutes",
+    "progress_seconds": "--progress-seconds",
     "keep_checkpoints": "--keep-checkpoints",
     "out_dir": "--out",
     "stop_after": "--stop-after",

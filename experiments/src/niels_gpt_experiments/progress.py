@@ -1,4 +1,5 @@
-"""What a run shows and records: a rich progress bar and a JSON-lines metrics log.
+"""What a run shows and records: progress (a rich bar on a terminal, a plain line
+per interval in a log) and a JSON-lines metrics log.
 
 Only rank 0 shows or writes anything. Text that came from the model or the
 corpus is printed with rich markup off and through ``sampling.printable``.
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,12 +33,35 @@ def rate_text(tokens_per_s: float) -> str:
 
 
 class Display:
-    """Progress bar with loss, the run's tokens/s so far and ETA; silent when not ``enabled``."""
+    """Progress with loss, the run's tokens/s so far and ETA; silent when not ``enabled``.
 
-    def __init__(self, enabled: bool, total: int, bar: bool = True) -> None:
+    On a terminal it is rich's live bar. Anywhere else (a CI log, ``nohup``,
+    ``| tee``), where a live bar would reach the log only when it stops, it is
+    one plain line per ``every_s`` seconds, after the first step and after the
+    last one shown: ``step 40/1000  loss 2.3456  1,234 tokens/s  elapsed
+    0:00:31  ETA 0:12:00``. Both read the same rich task (its ETA is rich's,
+    from the speed of the last 30 s). ``bar=False`` shows neither.
+    """
+
+    def __init__(
+        self,
+        enabled: bool,
+        total: int,
+        bar: bool = True,
+        every_s: float = 15.0,
+        console: Console | None = None,
+    ) -> None:
         self.enabled = enabled
-        self.console = Console(stderr=False, highlight=False, soft_wrap=True)
+        self.console = console or Console(stderr=False, highlight=False, soft_wrap=True)
+        self.every_s = every_s
+        self.live = self.console.is_terminal  # a bar on a terminal, lines elsewhere
         self._progress: Progress | None = None
+        self._total = total
+        self._shown = -1  # the step of the last line printed (lines only)
+        self._at = 0  # the last step updated
+        self._printed_at = float("-inf")  # time.monotonic() of the last line
+        self._elapsed = TimeElapsedColumn()
+        self._remaining = TimeRemainingColumn()
         if enabled and bar:
             self._progress = Progress(
                 TextColumn("step"),
@@ -45,8 +70,8 @@ class Display:
                 TextColumn("loss {task.fields[loss]}"),
                 TextColumn("{task.fields[tps]}"),
                 TextColumn("ETA"),
-                TimeRemainingColumn(),
-                TimeElapsedColumn(),
+                self._remaining,
+                self._elapsed,
                 console=self.console,
             )
             self._task = self._progress.add_task("train", total=total, loss="-", tps="-")
@@ -58,6 +83,14 @@ class Display:
             yield self
             return
         self._progress.reset(self._task, completed=first)
+        self._at = self._shown = first
+        if not self.live:  # the task still keeps time and speed; nothing is drawn
+            try:
+                yield self
+            finally:
+                if self._at > self._shown:  # the last step, as a stopping bar shows it
+                    self._line()
+            return
         self._progress.start()
         try:
             yield self
@@ -66,10 +99,30 @@ class Display:
 
     def step(self, step: int, loss: float, tokens_per_s: float) -> None:
         """Show step ``step`` done; ``tokens_per_s`` is the run's so far (``TrainResult``)."""
-        if self._progress is not None:
-            self._progress.update(
-                self._task, completed=step, loss=f"{loss:.4f}", tps=rate_text(tokens_per_s)
-            )
+        if self._progress is None:
+            return
+        self._progress.update(
+            self._task, completed=step, loss=f"{loss:.4f}", tps=rate_text(tokens_per_s)
+        )
+        self._at = step
+        first = self._printed_at == float("-inf")
+        due = time.monotonic() - self._printed_at >= self.every_s
+        if not self.live and (first or due or step == self._total):
+            self._line()
+
+    def _line(self) -> None:
+        """One plain line of the task as it stands (lines only)."""
+        assert self._progress is not None
+        task = self._progress.tasks[0]
+        self.console.print(
+            f"step {self._at}/{self._total}  loss {task.fields['loss']}  {task.fields['tps']}  "
+            f"elapsed {self._elapsed.render(task).plain}  "
+            f"ETA {self._remaining.render(task).plain}",
+            markup=False,
+            highlight=False,
+        )
+        self._shown = self._at
+        self._printed_at = time.monotonic()
 
     def say(self, text: str) -> None:
         """Print a line above the bar (plain text: no markup, no highlighting)."""

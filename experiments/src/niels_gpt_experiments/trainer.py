@@ -5,7 +5,9 @@ micro-batches with gradient accumulation (gradients reduced on the last one),
 optional autocast, gradient clipping, AdamW, the warm-up + cosine schedule.
 Every ``eval_every`` steps: validation loss and a greedy and a sampled
 continuation; checkpoints at every evaluation (or every ``checkpoint_every``
-steps), at ``stop_after`` and at the end. A resumed run restores model,
+steps), after a step that ends ``checkpoint_minutes`` after the last one, at
+``stop_after``, at the end, and on Ctrl+C (``interrupt``: the step finishes,
+is saved, and ``TrainingInterrupted`` is raised). A resumed run restores model,
 optimizer, scheduler, gradient scaler, RNG states and step, and continues the
 same loss curve.
 """
@@ -27,6 +29,7 @@ from niels_gpt_experiments.batches import Layout, read_rows, train_offsets
 from niels_gpt_experiments.config import AUTOCAST_DTYPES, TrainConfig, check_same_run
 from niels_gpt_experiments.corpus import Corpus, open_corpus
 from niels_gpt_experiments.evaluation import evaluate, next_token_loss, show_samples
+from niels_gpt_experiments.interrupt import StopRequest, TrainingInterrupted
 from niels_gpt_experiments.loading import model_record
 from niels_gpt_experiments.models import build_model, n_params
 from niels_gpt_experiments.parallel import Mode, check_tied, choose_mode, gradient_sync, wrap
@@ -37,7 +40,7 @@ from niels_gpt_experiments.runtime import start as start_runtime
 from niels_gpt_experiments.runtime import stop as stop_runtime
 from niels_gpt_experiments.schedule import make_scheduler
 
-__all__ = ["RunExistsError", "TrainResult", "accumulate_gradients", "train"]
+__all__ = ["RunExistsError", "TrainResult", "TrainingInterrupted", "accumulate_gradients", "train"]
 
 
 @dataclass
@@ -138,6 +141,8 @@ def train(cfg: TrainConfig, *, keep_state: bool = False) -> TrainResult:
         CheckpointError: ``--resume`` onto a checkpoint of different settings.
         RunExistsError: ``out_dir`` holds a run, and ``cfg`` neither resumes nor overwrites.
         TiedWeightError: the embedding/head tie broke (never expected).
+        TrainingInterrupted: Ctrl+C (a ``KeyboardInterrupt``) during the steps; it
+            names the checkpoint saved at the interrupt, or the last one before.
     """
     runtime = start_runtime(cfg.device, need_group=cfg.fsdp)
     try:
@@ -196,7 +201,7 @@ def _train(cfg: TrainConfig, runtime: Runtime, keep_state: bool) -> TrainResult:
     optimizer = _optimizer(model, cfg)
     scheduler = make_scheduler(optimizer, cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio)
     scaler = torch.amp.GradScaler(device.type, enabled=cfg.precision == "fp16")
-    display = Display(runtime.is_main, cfg.steps, bar=cfg.progress)
+    display = Display(runtime.is_main, cfg.steps, bar=cfg.progress, every_s=cfg.progress_seconds)
 
     found = checkpoint.latest(cfg.out_dir) if cfg.resume else None
     if found is not None:
@@ -236,56 +241,76 @@ def _train(cfg: TrainConfig, runtime: Runtime, keep_state: bool) -> TrainResult:
         (cfg.out_dir / "run.json").write_text(json.dumps(meta, indent=2) + "\n")
 
     started = time.perf_counter()  # result.seconds counts from here
-    with display.running(first):
-        for step in range(first, last):
-            t0 = time.perf_counter()
-            offsets = train_offsets(cfg.seed, step, cfg.batch_size, len(corpus.train), cfg.T)
-            loss_sum = accumulate_gradients(
-                engine, mode, corpus.train, offsets, layout, cfg.T, autocast, scaler
-            )
-            if cfg.grad_clip > 0:
-                scaler.unscale_(optimizer)
-                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-            lr = scheduler.get_last_lr()[0]
-            scaler.step(optimizer)
-            scaler.update()
-            optimizer.zero_grad(set_to_none=True)
-            scheduler.step()
-            mean_loss = float(all_reduce_sum(runtime, loss_sum)) / runtime.world
-            seconds = time.perf_counter() - t0
-            done = step + 1
-            result.losses[done] = mean_loss
-            result.step_seconds.append(seconds)
-
-            due = done % cfg.eval_every == 0 or done == cfg.steps
-            if due:
-                val = evaluate(cfg, model, corpus.val, layout.micro, runtime, autocast)
-                result.val_losses[done] = val
-                log.write(step=done, val_loss=val, tokens=done * cfg.tokens_per_step)
-                display.say(f"step {done}: val loss {val:.4f}, train loss {mean_loss:.4f}")
-                show_samples(cfg, model, runtime, autocast, mode, done, display)
-            every = cfg.checkpoint_every
-            if (due if every is None else done % every == 0) or done == last:
-                saved = {
-                    "step": done,
-                    "scheduler": scheduler.state_dict(),
-                    "scaler": scaler.state_dict(),
-                    "rng": all_gather_objects(runtime, _rng_state(device)),
-                    "config": json.dumps(cfg.as_json()),
-                }
-                checkpoint.save(
-                    cfg.out_dir, done, model, optimizer, saved, runtime, cfg.keep_checkpoints
+    saved_at = time.monotonic()  # of the last checkpoint (or the start), for checkpoint_minutes
+    latest = found  # the run's newest checkpoint
+    done = first
+    stop = StopRequest()
+    try:
+        with stop.catching(), display.running(first):
+            for step in range(first, last):
+                t0 = time.perf_counter()
+                offsets = train_offsets(cfg.seed, step, cfg.batch_size, len(corpus.train), cfg.T)
+                loss_sum = accumulate_gradients(
+                    engine, mode, corpus.train, offsets, layout, cfg.T, autocast, scaler
                 )
-            result.seconds = time.perf_counter() - started  # this step's eval and save included
-            display.step(done, mean_loss, result.tokens_per_s)
-            log.write(
-                step=done,
-                loss=mean_loss,
-                lr=lr,
-                tokens=done * cfg.tokens_per_step,
-                tokens_per_s=result.tokens_per_s,
-                step_seconds=seconds,
-            )
+                if cfg.grad_clip > 0:
+                    scaler.unscale_(optimizer)
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+                lr = scheduler.get_last_lr()[0]
+                scaler.step(optimizer)
+                scaler.update()
+                optimizer.zero_grad(set_to_none=True)
+                scheduler.step()
+                # Loss, Ctrl+C and the clock in one reduction: every rank stops and saves alike.
+                late = cfg.checkpoint_minutes > 0 and (
+                    time.monotonic() - saved_at >= 60 * cfg.checkpoint_minutes
+                )
+                wants = torch.tensor([float(stop.requested), float(late)], device=device)  # (2,)
+                summed = all_reduce_sum(runtime, torch.cat([loss_sum.reshape(1), wants]))  # (3,)
+                mean_loss = float(summed[0]) / runtime.world
+                stopping, late = bool(summed[1] > 0), bool(summed[2] > 0)
+                seconds = time.perf_counter() - t0
+                done = step + 1
+                result.losses[done] = mean_loss
+                result.step_seconds.append(seconds)
+
+                due = done % cfg.eval_every == 0 or done == cfg.steps
+                if due:
+                    val = evaluate(cfg, model, corpus.val, layout.micro, runtime, autocast)
+                    result.val_losses[done] = val
+                    log.write(step=done, val_loss=val, tokens=done * cfg.tokens_per_step)
+                    display.say(f"step {done}: val loss {val:.4f}, train loss {mean_loss:.4f}")
+                    show_samples(cfg, model, runtime, autocast, mode, done, display)
+                every = cfg.checkpoint_every
+                scheduled = due if every is None else done % every == 0
+                if scheduled or late or stopping or done == last:
+                    saved = {
+                        "step": done,
+                        "scheduler": scheduler.state_dict(),
+                        "scaler": scaler.state_dict(),
+                        "rng": all_gather_objects(runtime, _rng_state(device)),
+                        "config": json.dumps(cfg.as_json()),
+                    }
+                    latest = checkpoint.save(
+                        cfg.out_dir, done, model, optimizer, saved, runtime, cfg.keep_checkpoints
+                    )
+                    saved_at = time.monotonic()
+                result.seconds = time.perf_counter() - started  # this step's eval and save in
+                display.step(done, mean_loss, result.tokens_per_s)
+                log.write(
+                    step=done,
+                    loss=mean_loss,
+                    lr=lr,
+                    tokens=done * cfg.tokens_per_step,
+                    tokens_per_s=result.tokens_per_s,
+                    step_seconds=seconds,
+                )
+                if stopping and done < last:
+                    raise TrainingInterrupted(done, latest, saved_now=True)
+    except TrainingInterrupted:
+        raise
+    except KeyboardInterrupt:  # a second Ctrl+C, mid-step: no save, the last one stands
+        raise TrainingInterrupted(done, latest, saved_now=False) from None
     check_tied(model)
     if keep_state:
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
