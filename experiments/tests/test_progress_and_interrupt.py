@@ -179,10 +179,11 @@ def test_a_checkpoint_by_the_clock_survives_a_kill(
 
 
 def test_checkpoint_minutes_and_progress_seconds_refuse_negative_values(
-    capsys: pytest.CaptureFixture[str],
+    corpus_dir: Path, data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    flags = [*_tiny_flags(corpus_dir, data_dir, tmp_path / "run"), "--steps", "1"]  # if taken
     for flag in ("--checkpoint-minutes", "--progress-seconds"):
         with pytest.raises(SystemExit) as stop:
-            train_main(["--quick", flag, "-1"])
+            train_main([*flags, flag, "-1"])
         assert stop.value.code == 2
         assert f"{flag} -1.0" in capsys.readouterr().err
