@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -218,10 +219,12 @@ def train_main(argv: Sequence[str] | None = None) -> int:
     try:
         return _train_main(cfg)
     except TrainingInterrupted as stopped:
-        print(f"niels-train: {interrupted_text(stopped, cfg.out_dir)}", file=sys.stderr)
+        if stopped.rank == 0:  # under torchrun, one line for the run, not one per rank
+            print(f"niels-train: {interrupted_text(stopped, cfg.out_dir)}", file=sys.stderr)
         return INTERRUPTED
     except KeyboardInterrupt:  # before the steps began (torch, the corpus, the model)
-        print(f"niels-train: {interrupted_text(None, cfg.out_dir)}", file=sys.stderr)
+        if os.environ.get("RANK", "0") == "0":  # torchrun's rank, before any process group
+            print(f"niels-train: {interrupted_text(None, cfg.out_dir)}", file=sys.stderr)
         return INTERRUPTED
 
 

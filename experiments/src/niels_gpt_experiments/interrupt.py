@@ -25,15 +25,17 @@ class TrainingInterrupted(KeyboardInterrupt):
     """The run stopped on Ctrl+C after ``step`` steps.
 
     ``checkpoint`` is the newest checkpoint of the run (``None``: none yet);
-    ``saved_now`` says whether it was written at the interrupt. A subclass of
+    ``saved_now`` says whether it was written at the interrupt; ``rank`` is the
+    process's rank under ``torchrun`` (only rank 0 reports it). A subclass of
     ``KeyboardInterrupt``, so code that catches ``Exception`` lets it through.
     """
 
-    def __init__(self, step: int, checkpoint: Path | None, saved_now: bool) -> None:
-        super().__init__(step, checkpoint, saved_now)
+    def __init__(self, step: int, checkpoint: Path | None, saved_now: bool, rank: int = 0) -> None:
+        super().__init__(step, checkpoint, saved_now, rank)
         self.step = step
         self.checkpoint = checkpoint
         self.saved_now = saved_now
+        self.rank = rank
 
 
 class StopRequest:

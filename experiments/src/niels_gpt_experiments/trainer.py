@@ -306,11 +306,11 @@ def _train(cfg: TrainConfig, runtime: Runtime, keep_state: bool) -> TrainResult:
                     step_seconds=seconds,
                 )
                 if stopping and done < last:
-                    raise TrainingInterrupted(done, latest, saved_now=True)
+                    raise TrainingInterrupted(done, latest, saved_now=True, rank=runtime.rank)
     except TrainingInterrupted:
         raise
     except KeyboardInterrupt:  # a second Ctrl+C, mid-step: no save, the last one stands
-        raise TrainingInterrupted(done, latest, saved_now=False) from None
+        raise TrainingInterrupted(done, latest, saved_now=False, rank=runtime.rank) from None
     check_tied(model)
     if keep_state:
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
