@@ -17,13 +17,18 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from rich.console import Console
 
 from niels_gpt_experiments import checkpoint
-from niels_gpt_experiments.cli import INTERRUPTED, train_main
+from niels_gpt_experiments import trainer as trainer_module
+from niels_gpt_experiments.cli import INTERRUPTED, interrupted_text, train_main
+from niels_gpt_experiments.config import TrainConfig
+from niels_gpt_experiments.interrupt import StopRequest, TrainingInterrupted
 from niels_gpt_experiments.progress import Display
 
 # A progress line as a log shows it.
@@ -187,3 +192,45 @@ def test_checkpoint_minutes_and_progress_seconds_refuse_negative_values(
             train_main([*flags, flag, "-1"])
         assert stop.value.code == 2
         assert f"{flag} -1.0" in capsys.readouterr().err
+
+
+def test_the_first_ctrl_c_asks_to_stop_and_the_second_stops_now() -> None:
+    before = signal.getsignal(signal.SIGINT)
+    stop = StopRequest()
+    with stop.catching():
+        signal.raise_signal(signal.SIGINT)  # Python's handler has run when this returns
+        assert stop.requested
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGINT)
+    assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_a_second_ctrl_c_mid_step_names_the_checkpoint_before(
+    tiny: Callable[..., TrainConfig], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ``KeyboardInterrupt`` inside step 5: nothing saved, step 3's checkpoint named."""
+    real = trainer_module.accumulate_gradients
+    calls: list[int] = []
+
+    def interrupted_in_step_5(*args: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 5:
+            raise KeyboardInterrupt
+        return real(*args)
+
+    monkeypatch.setattr(trainer_module, "accumulate_gradients", interrupted_in_step_5)
+    cfg = tiny(steps=6, eval_every=3)
+    with pytest.raises(KeyboardInterrupt) as raised:  # not TrainingInterrupted: a plain one
+        trainer_module.train(cfg)  # would end the pytest session, not fail this test
+    stopped = raised.value
+    assert isinstance(stopped, TrainingInterrupted), stopped
+    saved = cfg.out_dir / "checkpoints" / "step-0000003"
+    assert (stopped.step, stopped.checkpoint) == (4, saved)
+    assert not stopped.saved_now and checkpoint.latest(cfg.out_dir) == saved
+    assert interrupted_text(stopped, cfg.out_dir) == (
+        f"interrupted during step 5; the last checkpoint is {saved}; "
+        "continue with the same flags and --resume"
+    )
+    assert interrupted_text(None, cfg.out_dir).startswith(
+        f"interrupted before the first step; the last checkpoint is {saved}"
+    )
