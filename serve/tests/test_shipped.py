@@ -89,16 +89,21 @@ def test_a_bare_first_start_serves_the_shipped_model_at_once(tmp_path: Path) -> 
     assert not (tmp_path / "runs").exists()  # nothing trained, nothing written
 
 
+@pytest.mark.parametrize("how", ["status", "raise"])
 def test_ctrl_c_in_the_demo_training_says_one_line_with_the_checkpoint_kept(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
 ) -> None:
+    """niels-train stops on Ctrl+C with exit status 130 after saving (``status``); a
+    Ctrl+C outside its steps reaches serve as ``KeyboardInterrupt`` (``raise``)."""
     corpus = write_corpus(tmp_path / "corpus")
     real = niels_gpt_experiments.cli.train_main
 
     def interrupted(argv: list[str]) -> int:
         tiny = [*TINY_FLAGS, "--corpus", str(corpus), "--data-dir", str(tmp_path)]
         real([*argv, *tiny, "--stop-after", "10", "--checkpoint-every", "10"])
-        raise KeyboardInterrupt
+        if how == "raise":
+            raise KeyboardInterrupt
+        return niels_gpt_experiments.cli.INTERRUPTED
 
     monkeypatch.setattr(niels_gpt_experiments.cli, "train_main", interrupted)
     with pytest.raises(ServeError) as stopped:

@@ -51,7 +51,7 @@ def train_demo(runs: Path, say: Callable[[str], None]) -> Path:
     out = runs / DEMO_RUN
     if demo_finished(out):
         return out
-    from niels_gpt_experiments.cli import train_main  # torch and the corpus load only now
+    from niels_gpt_experiments.cli import INTERRUPTED, train_main  # torch, the corpus: now
 
     say(
         f"niels-serve: training the demo model (niels-train {' '.join(DEMO_FLAGS)} "
@@ -61,6 +61,8 @@ def train_demo(runs: Path, say: Callable[[str], None]) -> Path:
     try:
         code = train_main([*DEMO_FLAGS, "--out", str(out), "--resume"])
     except KeyboardInterrupt:
+        code = INTERRUPTED
+    if code == INTERRUPTED:  # niels-train saved the step under way and said so
         kept = _latest(out).read_text().strip() if _latest(out).is_file() else None
         where = f"its last checkpoint, {out / 'checkpoints' / kept}, is kept" if kept else (
             "no checkpoint was saved yet"
