@@ -44,7 +44,13 @@ def main() -> int:
     rejected = 0
     with tempfile.TemporaryDirectory(prefix="protocol-noise-") as tmp:
         box = Sandbox.prepare(args.python, Path(tmp) / "box", namespaces(specs), threads=1)
-        code = (ROOT, ROOT)
+        # The stages' sources copied out, as a verdict writes its workspace: the
+        # checkout itself changes under the gauge as people work in it.
+        tree = Path(tmp) / "tree"
+        for src in sorted(ROOT.glob("packages/*/src")):
+            rel = src.relative_to(ROOT)
+            shutil.copytree(src, tree / rel, ignore=shutil.ignore_patterns("__pycache__"))
+        code = (tree, tree)
         print(f"load {os.getloadavg()[0]:.1f}; classes: {len(protocol.module_classes(everyone))}")
         for i in range(args.seeds):
             seed = secrets.randbits(63)
@@ -57,6 +63,8 @@ def main() -> int:
             row = protocol.decide(everyone[0], everyone, request["sizes"], base, head, seed)
             rejected += row.status != "KEPT" or bool(changed)
             print(f"seed {seed:#x}: {row.status} {row.summary}")
+            if changed:
+                print(f"  changed while the PR's side ran: {changed[:3]}")
             print(f"  base {base.seconds:.1f} s, head {head.seconds:.1f} s")
             for v in row.violations:
                 print(f"  {v.rule}: {v.message[:300]}")
