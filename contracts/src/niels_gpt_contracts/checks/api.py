@@ -109,11 +109,13 @@ def probe(
     ``python`` and ``env`` choose the interpreter that imports the tree's code
     (the PR verdict passes its sandbox's); by default, this one. ``only``:
     the source files to write out and import from (the verdict's owned
-    modules); by default every ``packages/*/src`` file.
+    modules); by default every ``packages/*/src`` file. The tree is written
+    out, and the probe runs, in ``env``'s ``TMPDIR`` (the sandbox's scratch).
     """
     if not entries:
         return []
-    with tempfile.TemporaryDirectory(prefix="contracts-api-") as tmp:
+    where = (env or {}).get("TMPDIR")
+    with tempfile.TemporaryDirectory(prefix="contracts-api-", dir=where) as tmp:
         if isinstance(tree, WorkingTree) and only is None:
             base = tree.root
         else:

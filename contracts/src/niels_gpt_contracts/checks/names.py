@@ -329,6 +329,7 @@ def resolve(names: list[str], python: str, env: Mapping[str, str] | None) -> dic
             capture_output=True,
             text=True,
             env=None if env is None else dict(env),
+            cwd=None if env is None else env.get("HOME"),
             timeout=300,
             check=False,
         )

@@ -39,7 +39,10 @@ class TestEnv:
     mutants patch (``packages/<pkg>/src/...``); ``environ(overlay)`` gives the
     variables of one run (the overlay first on the import path); ``plugins``
     are ``-p`` arguments every run needs (the PR verdict loads its plugins
-    explicitly because autoloading is off there).
+    explicitly because autoloading is off there); ``scratch``, where given (the
+    PR verdict's sandbox ``tmp``), is the fork servers' working directory and
+    holds every run's folder, so nothing a run does by default (a relative
+    write, a cache in the working directory) lands where the checker started.
     """
 
     python: str
@@ -49,6 +52,7 @@ class TestEnv:
     environ: Callable[[Path | None], dict[str, str]]
     plugins: tuple[str, ...] = ()
     track: Callable[[int], contextlib.AbstractContextManager[None]] | None = None
+    scratch: Path | None = None
 
     @classmethod
     def for_repo(cls, root: Path, python: str = sys.executable) -> TestEnv:
@@ -146,6 +150,7 @@ class Launcher:
         proc = subprocess.Popen(
             [self.env.python, str(ZYGOTE), *self.preload],
             env=self.env.environ(None),
+            cwd=self.env.scratch,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -182,7 +187,7 @@ class Launcher:
     ) -> Run:
         """One pytest run of ``tests`` (ids relative to the rootdir), mutated when asked;
         ``collect``: only list the test ids the run would run (``--collect-only``)."""
-        with tempfile.TemporaryDirectory(prefix="niels-mutant-") as tmp:
+        with tempfile.TemporaryDirectory(prefix="niels-mutant-", dir=self.env.scratch) as tmp:
             work = Path(tmp)
             overlay: Path | None = None
             module, want = "", ""

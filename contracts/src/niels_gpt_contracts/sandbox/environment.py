@@ -2,10 +2,17 @@
 
 ``Sandbox`` holds the interpreter (given with ``--python`` or built by
 ``build``), a bootstrap folder (our ``sitecustomize`` and a copy of the
-checker's own package, for its pytest plugin), and a scratch ``HOME``. Its
-``environ`` is built from an allowlist of the caller's variables, so nothing
-like ``PYTEST_ADDOPTS``, ``PYTEST_PLUGINS``, ``PYTHONSTARTUP`` or git settings
-reaches a run, plugin autoloading is off and user site-packages are ignored.
+checker's own package, for its pytest plugin), and its scratch folder
+(``root``). Its ``environ`` is built from an allowlist of the caller's
+variables, so nothing like ``PYTEST_ADDOPTS``, ``PYTEST_PLUGINS``,
+``PYTHONSTARTUP`` or git settings reaches a run, plugin autoloading is off and
+user site-packages are ignored. ``scratch_vars`` puts ``HOME``, ``TMPDIR`` and
+every cache location a run's tools pick for themselves (Hypothesis's
+database, torch's compile and hub caches, triton's and CUDA's, pip's,
+Python's bytecode) inside that folder: nothing a run writes by default lands
+where the verdict was started, in the user's home or elsewhere in ``/tmp``.
+Every process the verdict starts gets them; ``tmp`` is also where the checker
+makes each run's working folder.
 
 ``Snapshot`` records every file and symbolic link on the interpreter's import
 path (size, modification and change times); a run of the PR's code that adds,
@@ -42,21 +49,51 @@ PASSED_THROUGH = (
     "LANG",
     "LC_ALL",
     "LC_CTYPE",
-    "TMPDIR",
     "TZ",
     "SYSTEMROOT",
     "CUDA_VISIBLE_DEVICES",
     "NVIDIA_VISIBLE_DEVICES",
 )
+# Where a run's tools write unless told otherwise: each variable names a folder
+# under the sandbox's ``cache`` folder (``scratch_vars``).
+CACHES = {
+    "XDG_CACHE_HOME": "xdg",
+    "XDG_CONFIG_HOME": "config",
+    "XDG_DATA_HOME": "data",
+    "XDG_STATE_HOME": "state",
+    "HYPOTHESIS_STORAGE_DIRECTORY": "hypothesis",
+    "TORCH_HOME": "torch",
+    "TORCHINDUCTOR_CACHE_DIR": "torchinductor",
+    "TRITON_CACHE_DIR": "triton",
+    "CUDA_CACHE_PATH": "nv",
+    "PIP_CACHE_DIR": "pip",
+    "PYTHONPYCACHEPREFIX": "pycache",
+    "MPLCONFIGDIR": "matplotlib",
+}
+
+
+def scratch_vars(root: Path) -> dict[str, str]:
+    """``HOME``, ``TMPDIR`` and every cache location (``CACHES``) inside ``root``.
+
+    The folders are made here (a tool may expect them to exist); bytecode is
+    not written at all (``PYTHONDONTWRITEBYTECODE``), and where a tool writes
+    it anyway it goes under ``PYTHONPYCACHEPREFIX``.
+    """
+    env = {"HOME": str(root / "home"), "TMPDIR": str(root / "tmp")}
+    env.update({var: str(root / "cache" / name) for var, name in CACHES.items()})
+    for var in ("HOME", "TMPDIR", *CACHES):
+        Path(env[var]).mkdir(parents=True, exist_ok=True)
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    return env
 
 
 @dataclass
 class Sandbox:
-    """An interpreter and the folders every sandboxed run uses."""
+    """An interpreter and the folders every sandboxed run uses (all under ``root``)."""
 
     python: str
-    boot: Path
-    home: Path
+    boot: Path  # root/boot
+    home: Path  # root/home
     names: tuple[str, ...]  # the stages' top-level packages, e.g. ("niels_gpt",)
     threads: int = 1
     readonly: Path | None = None  # confine.py's list of read-only paths, when confined
@@ -73,23 +110,37 @@ class Sandbox:
         )
         shutil.copyfile(BOOTSTRAP_SITE, boot / "sitecustomize.py")
         box = cls(python, boot, home, tuple(sorted(names)), threads)
+        scratch_vars(box.root)
         found = box.site_paths()
         if not found:
             raise ConfigError(f"--python {python}: expected a working interpreter, found none")
         return box
+
+    @property
+    def root(self) -> Path:
+        """The sandbox's scratch folder: the only place its runs may write."""
+        return self.boot.parent
+
+    @property
+    def tmp(self) -> Path:
+        """``TMPDIR`` of every run, and where the checker makes each run's folder."""
+        return self.root / "tmp"
+
+    def scratch_vars(self) -> dict[str, str]:
+        """``HOME``, ``TMPDIR`` and the cache locations of every run (``scratch_vars``)."""
+        return scratch_vars(self.root)
 
     def environ(
         self, paths: Iterable[Path], extra: Mapping[str, str] | None = None
     ) -> dict[str, str]:
         """Variables for one run whose importable code is ``paths`` (src roots)."""
         env = {k: os.environ[k] for k in PASSED_THROUGH if k in os.environ}
+        env.update(self.scratch_vars())
         env.update(
             {
-                "HOME": str(self.home),
                 "PYTHONPATH": os.pathsep.join([str(self.boot), *map(str, paths)]),
                 "PYTHONNOUSERSITE": "1",
                 "PYTHONSAFEPATH": "1",
-                "PYTHONDONTWRITEBYTECODE": "1",
                 "PYTHONHASHSEED": "0",
                 "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
                 "NIELS_GPT_SANDBOX_NAMES": ",".join(self.names),
@@ -126,6 +177,7 @@ class Sandbox:
         try:
             done = subprocess.run(
                 [self.python, "-I", "-c", code],
+                cwd=self.home if self.home.is_dir() else None,
                 capture_output=True,
                 text=True,
                 timeout=120,

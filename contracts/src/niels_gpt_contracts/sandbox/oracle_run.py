@@ -1,8 +1,9 @@
 """Start oracle workers and read their answers: tensors, never a verdict.
 
 A worker (``_oracle_worker.py``) is the sandbox interpreter run with ``-I``
-in a user-like environment: the caller's ``PATH``, locale and temporary
-folder, a scratch ``HOME``, ``OMP_WAIT_POLICY=PASSIVE``, and nothing else
+in a user-like environment: the caller's ``PATH`` and locale, ``HOME``,
+``TMPDIR`` and the cache locations in the sandbox's scratch folder
+(``Sandbox.scratch_vars``), ``OMP_WAIT_POLICY=PASSIVE``, and nothing else
 (no pytest or sandbox variable, no thread pin, a random hash seed). The code
 under check is copied into one ``site-packages``-like folder, merged the way
 installed wheels are, so a stage's ``__file__`` looks like a user's install.
@@ -277,7 +278,7 @@ def site_folder(roots: Sequence[Path], dest: Path) -> Path:
 
 def _environ(box: Sandbox, threads: int | None) -> dict[str, str]:
     env = {k: os.environ[k] for k in PASSED_THROUGH if k in os.environ}
-    env["HOME"] = str(box.home)
+    env.update(box.scratch_vars())
     # Idle OpenMP threads sleep instead of spinning: with two workers and other
     # jobs on few cores, spinning costs several times the work. No API the
     # stages may use can read it (torch.get_num_threads() is the default).
@@ -345,7 +346,7 @@ def run(
     code, say); the folders are removed afterwards.
     """
     results: list[Stream | None] = [None] * len(jobs)
-    homes = [Path(tempfile.mkdtemp()) for _ in jobs]
+    homes = [Path(tempfile.mkdtemp(prefix="oracle-", dir=box.tmp)) for _ in jobs]
     sites = [site_folder(j.roots, home) for j, home in zip(jobs, homes, strict=True)]
     confine.add_readonly(box, homes)  # no worker writes into another's code
     before = Snapshot.take([*homes, *watched])

@@ -6,6 +6,7 @@ The run loads exactly these plugins, with autoloading off: the checker's own
 configuration is the one the caller writes (the base's, never the PR's), its
 hypothesis example database lives in the run's scratch folder, and its result
 is read from the JSON report (validated here), not from the exit status alone.
+The run's folder (its working directory) is made in the sandbox's ``tmp``.
 """
 
 from __future__ import annotations
@@ -104,7 +105,7 @@ def run(
 
     ``record_ops``: ``{"patterns", "tests"}`` for ``ops_plugin`` (forbidden ops per test).
     """
-    with tempfile.TemporaryDirectory(prefix="contracts-run-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="contracts-run-", dir=box.tmp) as tmp:
         scratch = Path(tmp)
         report = scratch / "report.json"
         args = [

@@ -73,6 +73,7 @@ def _env(box: Sandbox, w: Workspace) -> TestEnv:
         environ=environ,
         plugins=tuple(a for p in PLUGINS for a in ("-p", p)),
         track=processes.tracked,
+        scratch=box.tmp,
     )
 
 

@@ -131,6 +131,7 @@ def judge(
             ),
             plugins=tuple(a for plugin in PLUGINS for a in ("-p", plugin)),
             track=processes.tracked,
+            scratch=box.tmp,
         )
         preload = preload_modules(list(texts.values()), first_party(ctx.head_tree.files()))
         opts = Options(repo=ctx.repo.root, jobs=jobs, progress=say)
