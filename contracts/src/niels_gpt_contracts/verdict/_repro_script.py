@@ -3,9 +3,14 @@
 Needs torch, safetensors and the stage packages, nothing of the checker. Put
 the stage sources you want to try on the import path (``PYTHONPATH`` with
 each ``packages/*/src``, or an install) and run ``python reproduce.py``. It
-rebuilds the call from ``meta.json`` and ``inputs.safetensors`` beside it
-(the module's class, config and weights, the arguments, train/eval and grad
-mode), runs it, and compares every output with ``expected.safetensors``
+first replays, in this process and in order, the calls ``meta.json`` lists
+as ``history`` (the calls that ran before the failing one in the checker's
+worker, shrunk to the fewest that still fail: a memo, a cache or a counter
+fills as it did there; their answers are not checked; ``--history N`` replays
+only the first N). Then it rebuilds the call from ``meta.json`` and
+``inputs.safetensors`` beside it (the module's class, config and weights,
+the arguments, train/eval and grad mode), runs it, and compares every
+output with ``expected.safetensors``
 (the base's answer) within the dtype-derived bound in ``meta.json``:
 ``|got - want| <= rtol * (|want| + max |want|)``. Prints the largest
 difference; exits 1 beyond the bound, 0 within.
@@ -13,6 +18,8 @@ difference; exits 1 beyond the bound, 0 within.
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import importlib
 import json
 import sys
@@ -70,11 +77,28 @@ def _call(meta: dict[str, Any], tensors: dict[str, torch.Tensor]) -> Any:
         return fn(*args, **kwargs)
 
 
+def _replay(history: list[dict[str, Any]], tensors: dict[str, torch.Tensor]) -> None:
+    """Run each earlier call in order, as the worker did; what they return is not checked."""
+    for i, step in enumerate(history):
+        prefix = f"history.{i}."
+        own = {k.removeprefix(prefix): t for k, t in tensors.items() if k.startswith(prefix)}
+        with contextlib.suppress(Exception):  # an earlier call may raise, as in the worker
+            _call(step, own)
+
+
 def main() -> int:
+    parser = argparse.ArgumentParser(description="Reproduce one oracle call of a verdict.")
+    parser.add_argument("--history", type=int, default=None, help="replay only the first N")
+    given = parser.parse_args()
     meta = json.loads((HERE / "meta.json").read_text(encoding="utf-8"))
     tensors = load_file(str(HERE / "inputs.safetensors"))
     expected = load_file(str(HERE / "expected.safetensors"))
+    history = meta.get("history", [])[: given.history]
     print(f"{meta['stage']}: call {meta['call']} ({meta['desc']})")
+    if history:
+        print(f"replaying {len(history)} earlier call(s) first: {history[-1]['call']} last")
+        _replay(history, tensors)
+    tensors = {k: t for k, t in tensors.items() if not k.startswith("history.")}
     try:
         answer = _call(meta, tensors)
     except Exception as err:  # the call's answer may be an exception

@@ -28,6 +28,7 @@ BROKEN; the base's or the reference's failing is a ``ConfigError`` (exit 2).
 
 from __future__ import annotations
 
+import re
 import secrets
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -198,7 +199,7 @@ def judge(
         ref = by_stage.get(stage, Stream("reference"))
         _reproduce(ctx, p.stage, box, (code, root), timeout, seed, outcome, picks, {
             False: streams[1], True: ref
-        }, out)  # fmt: skip
+        }, out, streams[0])  # fmt: skip
     return outcome
 
 
@@ -213,15 +214,25 @@ def _reproduce(
     picks: list[explain.Failed],
     wants: dict[bool, Stream],
     out: Path,
+    head: Stream,
 ) -> None:
-    """Capture ``picks`` on the PR's code (in a worker) and name the reproducer in ``outcome``."""
+    """Capture ``picks`` on the PR's code (in a worker) and name the reproducer in ``outcome``.
+
+    The capture runs the stage's calls in the order the PR's worker ran them,
+    up to the last pick: each pick's reproducer can replay what came before it
+    (``repro.shrink`` keeps the shortest prefix that still fails).
+    """
     code, root = where
+    order = [n for s, n in head.calls if s == spec.id and not n.endswith("#capture")]
+    wanted = {f.name for f in picks}
+    last = max((i for i, n in enumerate(order) if n in wanted), default=-1)
+    only = [*order[: last + 1], *(n for n in sorted(wanted) if n not in order)]
     request = {
         "seed": seed,
         "names": sorted(namespaces(ctx.specs)),
         "references": {},
         "preload": _modules(list(ctx.specs.values()), set(ctx.head_tree.files())),
-        "drivers": [{**_entry(spec, root, only=[f.name for f in picks]), "capture": True}],
+        "drivers": [{**_entry(spec, root, only=[_literal(n) for n in only]), "capture": True}],
     }
     job = Job("capture", workspace.src_roots(code[0]), request)
     (got,), changed = oracle_run.run(box, [job], timeout, watched=[root, *code])
@@ -233,11 +244,17 @@ def _reproduce(
         return
     names = {n for s in ctx.specs.values() for n in _modules([s], set(s.module_files))}
     try:
-        script = repro.write(out, spec.id, picks, got, wants, names)
-        outcome.summary += f"; reproducer: {script}"
+        script = repro.write(out, spec.id, picks, got, wants, names, order)
+        note = repro.shrink(box, workspace.src_roots(code[0]), script, timeout)
+        outcome.summary += f"; reproducer: {script}" + (f" ({note})" if note else "")
     except repro.Refused as err:
         problem = got.problem or got.fatal or got.driver_errors.get(spec.id)
         outcome.summary += f"; no reproducer ({err}{'; ' + problem if problem else ''})"
+
+
+def _literal(name: str) -> str:
+    """``name`` as an fnmatch pattern that matches it alone (the worker's ``only``)."""
+    return re.sub(r"([*?[])", r"[\1]", name)
 
 
 def _unswept(stages: list[Spec], trusted: list[Stream]) -> str | None:
