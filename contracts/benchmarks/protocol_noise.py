@@ -54,7 +54,7 @@ def main() -> int:
         print(f"load {os.getloadavg()[0]:.1f}; classes: {len(protocol.module_classes(everyone))}")
         for i in range(args.seeds):
             seed = secrets.randbits(63)
-            scratch = Path(tmp) / f"seed{i}"
+            scratch = box.tmp / f"seed{i}"
             request = protocol.request_for(everyone, everyone, seed)
             base, head, changed = protocol._run(box, code, request, scratch, 900.0)
             if base.problem or base.report.get("fatal"):

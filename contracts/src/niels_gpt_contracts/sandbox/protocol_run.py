@@ -206,7 +206,7 @@ def run(
     ``weights.safetensors`` from it on the base's side.
     """
     answer = Answer(label)
-    home = Path(tempfile.mkdtemp())
+    home = Path(tempfile.mkdtemp(prefix="protocol-", dir=box.tmp))
     site = oracle_run.site_folder(roots, home)
     confine.add_readonly(box, [home])
     out.mkdir(parents=True, exist_ok=True)

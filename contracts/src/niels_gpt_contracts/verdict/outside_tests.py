@@ -46,7 +46,8 @@ def protocol_phase(v: State) -> Iterator[Outcome]:
     assert v.box is not None and v.w is not None
     code = (v.w.head, v.w.base)
     seed = v.request.oracle_seed
-    yield protocol.judge_protocol(v.ctx, v.plan, v.box, code, v.w.root / "protocol", v.say, seed)
+    scratch = v.box.tmp / "protocol"  # the workers write there: the workspace is read-only
+    yield protocol.judge_protocol(v.ctx, v.plan, v.box, code, scratch, v.say, seed)
 
 
 def oracle_phase(v: State) -> Iterator[Outcome]:
