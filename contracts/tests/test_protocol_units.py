@@ -213,6 +213,22 @@ def test_each_broken_promise_is_its_rule(variant: type[nn.Module], rule: str, wo
     assert any(words in m for r, m in found if r == rule), found
 
 
+def test_a_checkpoint_that_does_not_load_is_one_finding_not_two() -> None:
+    """At the real size only the loading run measures, and it stops at the failed load:
+    no forward ran, and that is the load row's to say, not a 'raised' row too."""
+    base = _base(Good)
+    loaded = _answer(_probe(Renamed, base.weights))
+    got = loaded.probe("m:X", "small")
+    assert got is not None
+    pair = protocol_rules.Pair(
+        "m:X", "small", "C=16", got, base.report, loaded.outputs, _outputs(base.outputs),
+        stages=8, reduction=24,
+    )  # fmt: skip
+    found = list(protocol_rules.judge(pair))
+    assert "protocol.build" not in {r for r, _ in found}, found
+    assert any(r == "protocol.load" and "does not load strictly" in m for r, m in found)
+
+
 def test_blocks_that_start_equal_are_found() -> None:
     found = _verdict(TiesBlocks, TiedBlocks)
     words = "a.weight and b.weight start equal, where the base's start different"

@@ -81,6 +81,8 @@ def _differ(
 def _build(p: Pair) -> list[str]:
     if p.head.get("build") is not None:
         return [f"building it at {p.where} raised: {p.head['build']}"]
+    if p.head.get("load") is not None:  # the load row says why nothing was called
+        return []
     if p.base.get("input") is not None and p.head.get("input") != p.base.get("input"):
         errors = "; ".join(p.head.get("input_errors", [])) or "another input"
         return [f"a forward on {p.base['input']} raised, where the base's answered ({errors})"]
