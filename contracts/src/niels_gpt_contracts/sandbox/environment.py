@@ -8,9 +8,10 @@ variables, so nothing like ``PYTEST_ADDOPTS``, ``PYTEST_PLUGINS``,
 ``PYTHONSTARTUP`` or git settings reaches a run, plugin autoloading is off and
 user site-packages are ignored. ``scratch_vars`` puts ``HOME``, ``TMPDIR`` and
 every cache location a run's tools pick for themselves (Hypothesis's
-database, torch's compile and hub caches, triton's and CUDA's, pip's,
-Python's bytecode) inside that folder: nothing a run writes by default lands
-where the verdict was started, in the user's home or elsewhere in ``/tmp``.
+database, torch's compile and hub caches, triton's and CUDA's, pip's)
+inside that folder, and no bytecode is written: nothing a run writes by
+default lands where the verdict was started, in the user's home or
+elsewhere in ``/tmp``.
 Every process the verdict starts gets them; ``tmp`` is also where the checker
 makes each run's working folder.
 
@@ -67,7 +68,6 @@ CACHES = {
     "TRITON_CACHE_DIR": "triton",
     "CUDA_CACHE_PATH": "nv",
     "PIP_CACHE_DIR": "pip",
-    "PYTHONPYCACHEPREFIX": "pycache",
     "MPLCONFIGDIR": "matplotlib",
 }
 
@@ -76,8 +76,10 @@ def scratch_vars(root: Path) -> dict[str, str]:
     """``HOME``, ``TMPDIR`` and every cache location (``CACHES``) inside ``root``.
 
     The folders are made here (a tool may expect them to exist); bytecode is
-    not written at all (``PYTHONDONTWRITEBYTECODE``), and where a tool writes
-    it anyway it goes under ``PYTHONPYCACHEPREFIX``.
+    not written at all (``PYTHONDONTWRITEBYTECODE``). No ``PYTHONPYCACHEPREFIX``:
+    it would also move where bytecode is *read*, so every run would compile
+    torch from source (a toy verdict's runs took twice as long); a write the
+    flag misses lands on a path the guard watches or in the read-only mounts.
     """
     env = {"HOME": str(root / "home"), "TMPDIR": str(root / "tmp")}
     env.update({var: str(root / "cache" / name) for var, name in CACHES.items()})

@@ -35,6 +35,9 @@ SANDBOX_ONLY = (
     "_oracle_worker",
     "_oracle_aftermath",  # the worker's measurements (torch)
     "_oracle_capture",  # a reproducer's capture run (torch)
+    "_protocol_worker",  # the module protocol's worker (torch)
+    "_protocol_probes",  # its measurements (torch)
+    "_protocol_state",  # the torch globals it compares (torch)
     "_repro_script",  # never imported: its text is written beside a reproducer's data
     "pytest_plugin",
     "collection",  # the pytest plugin's helper

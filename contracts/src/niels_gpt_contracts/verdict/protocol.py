@@ -48,16 +48,22 @@ MAX_ROWS = 12  # violations one row lists
 
 
 def module_classes(closure: Sequence[Spec]) -> list[str]:
-    """``module:qualname`` of every class the closure's specs export, sorted (the worker
-    keeps the ``nn.Module`` ones and probes a class named twice once)."""
+    """``module:qualname`` of every class the closure's specs export but the config,
+    sorted: ``class`` entries, and a module's ``exports`` no entry calls anything
+    else, named as classes are (CapWords). The worker keeps the ``nn.Module`` ones
+    and probes a class named twice once; with none left no worker starts."""
+    kinds = {e.object: e.kind for spec in closure for e in spec.api}
     found: set[str] = set()
     for spec in closure:
         for entry in spec.api:
             if entry.kind == "class":
                 found.add(entry.object)
             elif entry.kind == "module":
-                found.update(f"{entry.object}:{name}" for name in entry.exports or ())
-    return sorted(found)
+                for name in entry.exports or ():
+                    dotted = f"{entry.object}:{name}"
+                    if kinds.get(dotted, "class") == "class" and name[:1].isupper():
+                        found.add(dotted)
+    return sorted(c for c in found if c.rpartition(":")[2] != CONFIG)
 
 
 def config_class(specs: Sequence[Spec]) -> str | None:
