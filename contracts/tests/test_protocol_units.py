@@ -341,23 +341,36 @@ def test_a_declared_break_loosens_the_outputs_to_bfloat16s_bound_only() -> None:
 def test_declared_breaks_are_read_from_the_trailers_since_the_code_met_them(
     tmp_path: Path,
 ) -> None:
+    """A break counts when it changed the stage's float64 reference and no ``Stage:``
+    commit of that stage came after it; a break that left the reference alone (a kit
+    split, a removed definition) changes no number."""
+    from types import SimpleNamespace
+
     from gatekit import Repo
 
     repo = Repo(tmp_path)
     repo.git("init", "-q", "-b", "main")
     repo.git("config", "user.name", "m")
     repo.git("config", "user.email", "m@example.com")
+    refs = {s: f"specs/{s}/{s}_reference.py" for s in ("q", "r")}
+    specs: Any = {
+        s: SimpleNamespace(oracle=SimpleNamespace(references={f"m.{s}": path}))
+        for s, path in refs.items()
+    }
 
-    def commit(message: str) -> str:
-        repo.write("f.txt", message)
+    def commit(message: str, path: str = "f.txt") -> str:
+        repo.write(path, message)
         return repo.commit(message)
 
     commit("start")
-    commit("specs: q 2.0\n\nSpec: q\nSpec-Break: other numbers")
-    commit("specs: r 1.1\n\nSpec: r")
+    commit("specs: q 2.0\n\nSpec: q\nSpec-Break: other numbers", refs["q"])
+    commit("specs: r 1.1\n\nSpec: r", refs["r"])
     git = GitRepo(tmp_path)
-    assert protocol.declared_breaks(git, "HEAD") == {"q"}
+    assert protocol.declared_breaks(git, "HEAD", specs) == {"q"}
     commit("q: the code of 2.0\n\nStage: q")
-    assert protocol.declared_breaks(git, "HEAD") == set()
-    commit("specs: q 3.0, r 2.0\n\nSpec: q\nSpec: r\nSpec-Break: both")
-    assert protocol.declared_breaks(git, "HEAD") == {"q", "r"}
+    assert protocol.declared_breaks(git, "HEAD", specs) == set()
+    commit("specs: r 2.0, a kit split\n\nSpec: r\nSpec-Break: a definition moved")
+    assert protocol.declared_breaks(git, "HEAD", specs) == set()
+    repo.write(refs["q"], "q 3.0")
+    commit("specs: q 3.0, r 3.0\n\nSpec: q\nSpec: r\nSpec-Break: both", refs["r"])
+    assert protocol.declared_breaks(git, "HEAD", specs) == {"q", "r"}

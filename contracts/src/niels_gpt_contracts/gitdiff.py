@@ -173,10 +173,33 @@ class GitRepo:
             if not record.strip():
                 continue
             commit, _, values = _decode(record).strip("\n").partition("\x1f")
-            for value in re.split(r"[\x1e\n]", values):
-                if value.strip():
-                    found.append((commit, value.strip()))
+            found.extend((commit, value) for value in _trailer_values(values))
         return found
+
+    def history_trailers(
+        self, rev: str, keys: Sequence[str], limit: int
+    ) -> list[tuple[str, dict[str, list[str]]]]:
+        """Per commit of ``rev``'s history, newest first (at most ``limit``), its hash
+        and the values of each trailer in ``keys`` (``{key: [value, ...]}``)."""
+        fmt = "%x1f".join(["%H", *(f"%(trailers:key={k},valueonly,separator=%x1e)" for k in keys)])
+        out = self.git("log", "-z", f"-n{limit}", f"--format={fmt}", rev)
+        found = []
+        for record in out.split(b"\0"):
+            commit, *parts = _decode(record).strip("\n").split("\x1f")
+            if len(parts) == len(keys):
+                values = {k: _trailer_values(v) for k, v in zip(keys, parts, strict=True)}
+                found.append((commit, values))
+        return found
+
+    def changed_in(self, commit: str) -> set[str]:
+        """The paths one commit changed (against its first parent)."""
+        out = self.git("show", "-z", "--name-only", "--format=", commit)
+        return {_decode(p) for p in out.split(b"\0") if p.strip()}
+
+
+def _trailer_values(text: str) -> list[str]:
+    """The values of one trailer key as ``%(trailers:...,separator=%x1e)`` prints them."""
+    return [v.strip() for v in re.split(r"[\x1e\n]", text) if v.strip()]
 
 
 class Tree:

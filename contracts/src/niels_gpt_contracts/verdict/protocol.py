@@ -21,10 +21,9 @@ from __future__ import annotations
 
 import hashlib
 import random
-import re
 import secrets
 import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -189,30 +188,32 @@ def merge(own: protocol_run.Answer, loaded: protocol_run.Answer) -> protocol_run
     return out
 
 
-def declared_breaks(repo: GitRepo, base: str, limit: int = 500) -> set[str]:
-    """Stages whose spec, at ``base``, declares a break their code has not yet met.
+def declared_breaks(
+    repo: GitRepo, base: str, specs: Mapping[str, Spec], limit: int = 500
+) -> set[str]:
+    """Stages whose spec, at ``base``, promises other numbers than their code computes.
 
     Walking back from ``base``: a ``Spec: S`` commit with a ``Spec-Break:``
-    trailer before (newer than) any ``Stage: S`` commit means the brief now
-    promises other numbers than the base's code computes (quant 3.0's
-    bfloat16 activations). The oracle and the float64 reference judge those
-    numbers by the new spec; the protocol then holds that stage's outputs on
-    the base's weights to bfloat16's bound only (``Pair.declared_break``).
+    trailer that changed S's float64 reference (``[oracle].references``), before
+    (newer than) any ``Stage: S`` commit, is a numeric break the base's code has
+    not met (quant 3.0's bfloat16 activations). A break that left the reference
+    as it was (a kit file split, a removed definition) changes no number. The
+    oracle and the float64 reference judge those numbers by the new spec; the
+    protocol then holds that stage's outputs on the base's weights to bfloat16's
+    bound only (``Pair.declared_break``).
     """
-    fmt = "%x1f".join(
-        f"%(trailers:key={k},valueonly,separator=%x1e)" for k in ("Stage", "Spec", "Spec-Break")
-    )
-    raw = repo.git("log", "-z", f"-n{limit}", f"--format={fmt}", base)
     met: set[str] = set()
     broken: set[str] = set()
-    for record in raw.split(b"\0"):
-        parts = record.decode("utf-8", "replace").strip("\n").split("\x1f")
-        if len(parts) != 3:
-            continue
-        stages, specs = (set(re.split(r"[\x1e\n]", p)) - {""} for p in parts[:2])
-        if parts[2].strip():
-            broken |= {s.strip() for s in specs} - met
-        met |= {s.strip() for s in stages}
+    for commit, trailers in repo.history_trailers(base, ("Stage", "Spec", "Spec-Break"), limit):
+        pending = [s for s in trailers["Spec"] if s in specs and s not in met]
+        if trailers["Spec-Break"] and pending:
+            changed = repo.changed_in(commit)
+            for stage in pending:
+                oracle = specs[stage].oracle
+                references = set(oracle.references.values()) if oracle else set()
+                if references & changed:
+                    broken.add(stage)
+        met |= set(trailers["Stage"])
     return broken
 
 
@@ -243,7 +244,7 @@ def judge_protocol(
         why = f"{changed[0]} changed while the PR's protocol worker ran ({len(changed)} file(s))"
         found = [Violation("sandbox.tampered", changed[0], None, why, stage, CHECK)]
         return Outcome(stage, CHECK, BROKEN, "the base's weights or code changed", found)
-    breaks = declared_breaks(ctx.repo, ctx.base)
+    breaks = declared_breaks(ctx.repo, ctx.base, ctx.specs)
     return decide(p.stage, list(ctx.specs.values()), drawn, base, head, seed, breaks)
 
 
