@@ -27,6 +27,22 @@ from niels_gpt.model.kv_cache import KVCache
 Step = Callable[[torch.Tensor], torch.Tensor]
 
 
+def _static_cache(
+    model: GPT, batch: int
+) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor]:
+    """A static cache's keys and values, ``(B, H, T, D)`` zeros per layer in the model's
+    dtype and device, and RoPE's angles ``(T, D/2)`` float64 (one per adjacent pair)."""
+    cfg = model.cfg
+    w = model.tok_emb.weight
+    D = cfg.C // cfg.H
+    shape = (batch, cfg.H, cfg.T, D)
+    keys = [w.new_zeros(shape) for _ in model.blocks]  # L x (B, H, T, D)
+    values = [w.new_zeros(shape) for _ in model.blocks]  # L x (B, H, T, D)
+    inv_freq = cfg.rope_theta ** (-2.0 * torch.arange(D // 2, dtype=torch.float64) / D)
+    angles = torch.arange(cfg.T, dtype=torch.float64)[:, None] * inv_freq  # (T, D/2)
+    return keys, values, angles
+
+
 class SdpaDecoder:
     """GPT v1 greedy decoding with a static cache and SDPA, on ``model``'s weights.
 
@@ -36,15 +52,9 @@ class SdpaDecoder:
     """
 
     def __init__(self, model: GPT, batch: int) -> None:
-        cfg = model.cfg
         self.model = model
         w = model.tok_emb.weight
-        D = cfg.C // cfg.H
-        shape = (batch, cfg.H, cfg.T, D)
-        self.keys = [w.new_zeros(shape) for _ in model.blocks]  # L x (B, H, T, D)
-        self.values = [w.new_zeros(shape) for _ in model.blocks]  # L x (B, H, T, D)
-        inv_freq = cfg.rope_theta ** (-2.0 * torch.arange(D // 2, dtype=torch.float64) / D)
-        angles = torch.arange(cfg.T, dtype=torch.float64)[:, None] * inv_freq  # (T, D/2)
+        self.keys, self.values, angles = _static_cache(model, batch)
         turns = torch.polar(torch.ones_like(angles), angles)  # (T, D/2) complex128
         self.turns = turns.to(device=w.device, dtype=torch.complex64)  # (T, D/2)
 
@@ -110,12 +120,7 @@ class StaticDecoder:
         cfg = model.cfg
         self.model = model
         w = model.tok_emb.weight
-        D = cfg.C // cfg.H
-        shape = (batch, cfg.H, cfg.T, D)
-        self.keys = [w.new_zeros(shape) for _ in model.blocks]  # L x (B, H, T, D)
-        self.values = [w.new_zeros(shape) for _ in model.blocks]  # L x (B, H, T, D)
-        inv_freq = cfg.rope_theta ** (-2.0 * torch.arange(D // 2, dtype=torch.float64) / D)
-        angles = torch.arange(cfg.T, dtype=torch.float64)[:, None] * inv_freq  # (T, D/2)
+        self.keys, self.values, angles = _static_cache(model, batch)
         self.cos = angles.cos().to(device=w.device, dtype=torch.float32)  # (T, D/2)
         self.sin = angles.sin().to(device=w.device, dtype=torch.float32)  # (T, D/2)
         ones = torch.ones(cfg.T, cfg.T, dtype=torch.bool, device=w.device)  # (T, T)

@@ -33,6 +33,7 @@ import sys
 
 sys.dont_write_bytecode = True  # -I ignores PYTHONDONTWRITEBYTECODE
 
+import functools  # noqa: E402
 import hashlib  # noqa: E402
 import importlib  # noqa: E402
 import importlib.util  # noqa: E402
@@ -64,13 +65,19 @@ def _resolve(dotted: str) -> Any:
     return obj
 
 
+@functools.cache
+def _weights(path: str) -> dict[str, Any]:
+    """The base's weights file, read once for every class and size."""
+    from safetensors.torch import load_file
+
+    return load_file(path)
+
+
 def _given(path: str | None, label: str, size: str) -> dict[str, Any] | None:
     if path is None:
         return None
-    from safetensors.torch import load_file
-
     prefix = f"{label}|{size}|"
-    found = load_file(path)
+    found = _weights(path)
     return {k[len(prefix) :]: v for k, v in found.items() if k.startswith(prefix)}
 
 

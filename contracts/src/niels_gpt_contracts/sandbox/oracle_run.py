@@ -27,7 +27,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -288,16 +288,40 @@ def _environ(box: Sandbox, threads: int | None) -> dict[str, str]:
     return env
 
 
-def _run(box: Sandbox, job: Job, site: Path, timeout: float) -> Stream:
-    stream = Stream(job.label)
+@dataclass(frozen=True)
+class Ended:
+    """How a worker ended (``launch``): its timeout, exit status, stderr's last line, time."""
+
+    timed_out: str | None
+    returncode: int | None
+    tail: str
+    seconds: float
+
+    def early(self) -> str:
+        """The problem of a worker that ended before its answer was complete."""
+        return f"the worker ended early (exit {self.returncode}): {self.tail[:300]}"
+
+
+def launch(
+    box: Sandbox,
+    worker: str,
+    request: Mapping[str, Any],
+    threads: int | None,
+    read: Callable[[BinaryIO, Callable[[], None]], None],
+    timeout: float,
+) -> Ended:
+    """Run the sandbox-side script ``worker`` with ``python -I`` in the user-like
+    environment (``_environ``), ``request`` as JSON on stdin with ``fd`` added: a pipe
+    that ``read(pipe, kill)`` drains in a thread (``kill`` ends the worker's process
+    group, for an answer it refuses). Tracked and reaped like every sandboxed run."""
     read_fd, write_fd = os.pipe()
-    request = {**job.request, "fd": write_fd, "roots": [str(site)]}
-    worker = Path(box.boot) / "niels_gpt_contracts" / "sandbox" / WORKER
+    full = {**request, "fd": write_fd}
+    script = Path(box.boot) / "niels_gpt_contracts" / "sandbox" / worker
     start = time.monotonic()
     processes.refuse_if_ended()
     proc = subprocess.Popen(
-        [box.python, "-I", str(worker)],
-        env=_environ(box, job.threads),
+        [box.python, "-I", str(script)],
+        env=_environ(box, threads),
         cwd=box.home,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
@@ -306,31 +330,44 @@ def _run(box: Sandbox, job: Job, site: Path, timeout: float) -> Stream:
         start_new_session=True,
     )
     os.close(write_fd)
-    done: list[bool] = []
 
     def reader() -> None:
         with os.fdopen(read_fd, "rb") as pipe:
-            try:
-                done.append(read_stream(pipe, stream))
-            except Unreadable as err:
-                stream.problem = f"unreadable answer: {err}"
-                processes.kill_group(proc.pid)
+            read(pipe, lambda: processes.kill_group(proc.pid))
 
     thread = threading.Thread(target=reader, daemon=True)
+    timed_out = None
     with processes.tracked(proc.pid):
         thread.start()
         try:
-            _, err = proc.communicate(json.dumps(request).encode(), timeout=timeout)
+            _, err = proc.communicate(json.dumps(full).encode(), timeout=timeout)
         except subprocess.TimeoutExpired:
             processes.kill_group(proc.pid)
             _, err = proc.communicate()
-            stream.problem = f"timed out after {timeout:g} s"
+            timed_out = f"timed out after {timeout:g} s"
         processes.kill_group(proc.pid)
         thread.join(timeout=30)
-    stream.seconds = time.monotonic() - start
+    tail = (err.decode("utf-8", "replace").strip().splitlines() or ["no output"])[-1]
+    return Ended(timed_out, proc.returncode, tail, time.monotonic() - start)
+
+
+def _run(box: Sandbox, job: Job, site: Path, timeout: float) -> Stream:
+    stream = Stream(job.label)
+    done: list[bool] = []
+
+    def read(pipe: BinaryIO, kill: Callable[[], None]) -> None:
+        try:
+            done.append(read_stream(pipe, stream))
+        except Unreadable as err:
+            stream.problem = f"unreadable answer: {err}"
+            kill()
+
+    request = {**job.request, "roots": [str(site)]}
+    ended = launch(box, WORKER, request, job.threads, read, timeout)
+    stream.seconds = ended.seconds
+    stream.problem = ended.timed_out or stream.problem
     if stream.problem is None and not done:
-        tail = (err.decode("utf-8", "replace").strip().splitlines() or ["no output"])[-1]
-        stream.problem = f"the worker ended early (exit {proc.returncode}): {tail[:300]}"
+        stream.problem = ended.early()
     return stream
 
 

@@ -13,17 +13,13 @@ judges fail-closed.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import struct
-import subprocess
 import tempfile
-import threading
-import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 from jsonschema import Draft202012Validator, ValidationError  # type: ignore[import-untyped]
@@ -210,53 +206,28 @@ def run(
     site = oracle_run.site_folder(roots, home)
     confine.add_readonly(box, [home])
     out.mkdir(parents=True, exist_ok=True)
-    read_fd, write_fd = os.pipe()
-    full = {**request, "fd": write_fd, "roots": [str(site)], "out": str(out)}
-    worker = Path(box.boot) / "niels_gpt_contracts" / "sandbox" / WORKER
-    start = time.monotonic()
-    processes.refuse_if_ended()
-    proc = subprocess.Popen(
-        [box.python, "-I", str(worker)],
-        env=oracle_run._environ(box, 1 if label == "base" else None),
-        cwd=box.home,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        pass_fds=(write_fd,),
-        start_new_session=True,
-    )
-    os.close(write_fd)
     chunks: list[bytes] = []
 
-    def reader() -> None:
-        with os.fdopen(read_fd, "rb") as pipe:
-            got = 0
-            while chunk := pipe.read(1 << 16):
-                got += len(chunk)
-                if got > MAX_REPORT:
-                    answer.problem = f"a report of more than {MAX_REPORT} bytes"
-                    processes.kill_group(proc.pid)
-                    return
-                chunks.append(chunk)
+    def read(pipe: BinaryIO, kill: Callable[[], None]) -> None:
+        got = 0
+        while chunk := pipe.read(1 << 16):
+            got += len(chunk)
+            if got > MAX_REPORT:
+                answer.problem = f"a report of more than {MAX_REPORT} bytes"
+                kill()
+                return
+            chunks.append(chunk)
 
-    thread = threading.Thread(target=reader, daemon=True)
-    with processes.tracked(proc.pid):
-        thread.start()
-        try:
-            _, err = proc.communicate(json.dumps(full).encode(), timeout=timeout)
-        except subprocess.TimeoutExpired:
-            processes.kill_group(proc.pid)
-            _, err = proc.communicate()
-            answer.problem = f"timed out after {timeout:g} s"
-        processes.kill_group(proc.pid)
-        thread.join(timeout=30)
+    request = {**request, "roots": [str(site)], "out": str(out)}
+    threads = 1 if label == "base" else None
+    ended = oracle_run.launch(box, WORKER, request, threads, read, timeout)
     processes.reap_orphans()
-    answer.seconds = time.monotonic() - start
+    answer.seconds = ended.seconds
+    answer.problem = ended.timed_out or answer.problem
     shutil.rmtree(home, ignore_errors=True)
     if answer.problem is None:
         if not chunks:
-            tail = (err.decode("utf-8", "replace").strip().splitlines() or ["no output"])[-1]
-            answer.problem = f"the worker ended early (exit {proc.returncode}): {tail[:300]}"
+            answer.problem = ended.early()
         else:
             _decode(b"".join(chunks), answer)
     return answer
