@@ -4,12 +4,13 @@ Each PR stays inside its stage's allowlist, passes the stage's own tests and
 keeps the numbers the oracle's grid sees, and still harms a user: a model
 that no longer pickles, holds a second copy of a weight, ignores the
 caller's seed, skips its submodules' hooks, leaves a global setting changed,
-breaks ``torch.compile``'s graph, moves its checkpoint format, goes wrong
-past the grid's sizes, or computes otherwise on one device type. The harm
-is shown first by a user's script on the PR's code and on the base's; then
-the verdict must be BROKEN by the protocol rule aimed at it (``protocol``
-phase, or the static ``device-branches`` row). No stage's spec names any
-of these promises: the phase derives them from the API.
+breaks ``torch.compile``'s graph, recompiles its decode step at every token,
+moves its checkpoint format, goes wrong past the grid's sizes, or computes
+otherwise on one device type. The harm is shown first by a user's script on
+the PR's code and on the base's; then the verdict must be BROKEN by the
+protocol rule aimed at it (``protocol`` phase, or the static
+``device-branches`` row). No stage's spec names any of these promises: the
+phase derives them from the API.
 
 The verdicts stop at the first BROKEN row (no ``--full``): the protocol
 runs before the runtime drivers and the oracle, so each takes a couple of
@@ -31,6 +32,7 @@ ATTN = "packages/attention/src/niels_gpt/model/attention/causal.py"
 LAYERS = "packages/backbone_v1/src/niels_gpt/model/blocks/layers.py"
 BLOCK = "packages/block/src/niels_gpt/model/block_v0/block.py"
 SDPA = "packages/fastpath/src/niels_gpt/model/fastpath/sdpa.py"
+CACHE = "packages/kv_cache/src/niels_gpt/model/kv_cache/cache.py"
 ROPE = "packages/rope/src/niels_gpt/model/rope/rotary.py"
 DROPOUTS = "        self.resid_dropout = nn.Dropout(cfg.dropout)\n"
 QKV = "        q, k, v = self.qkv(x).split(C, dim=-1)  # (B, T, C) each, views of one buffer\n"
@@ -173,6 +175,30 @@ def test_a_host_read_that_breaks_the_graph_is_refused(real_repo: RealRepo) -> No
     assert real_repo.probe(user).strip() != "ok"
     assert real_repo.probe(user, "main").strip() == "ok"
     _broken_by(real_repo, "protocol.compile")
+
+
+def test_a_decode_step_that_recompiles_every_token_is_refused(real_repo: RealRepo) -> None:
+    """'Static shapes make faster kernels': the compiled decode step with
+    ``dynamic=False``, so every new cache length is a new graph, compiled again at
+    each token until dynamo's recompile limit; the ids stay right."""
+    real_repo.replace(
+        CACHE,
+        "    compiled = torch.compile(_forward, fullgraph=True, backend=backend)\n",
+        "    compiled = torch.compile(_forward, fullgraph=True, backend=backend, dynamic=False)\n",
+    )
+    real_repo.pr("kv_cache")
+    user = SETUP + (
+        "from torch._dynamo import register_backend\n"
+        "from niels_gpt.model.gpt import GPT\nfrom niels_gpt.model.kv_cache import generate\n"
+        "n = [0]\ndef count(gm, _):\n    n[0] += 1\n    return gm.forward\n"
+        "register_backend(count, name='count')\n"
+        "m = GPT(ModelConfig(V=9, T=16, C=8, H=2, L=1)).eval()\n"
+        "ids = torch.zeros(1, 2, dtype=torch.long)\n"
+        "generate(m, ids, 6, temperature=0.0, compile_step='count')\n"
+        "print(n[0])\n"
+    )
+    assert int(real_repo.probe(user).strip()) > int(real_repo.probe(user, "main").strip())
+    _broken_by(real_repo, "protocol.decode-compile")
 
 
 def test_a_checkpoint_format_change_is_refused(real_repo: RealRepo) -> None:

@@ -374,3 +374,87 @@ def test_declared_breaks_are_read_from_the_trailers_since_the_code_met_them(
     repo.write(refs["q"], "q 3.0")
     commit("specs: q 3.0, r 3.0\n\nSpec: q\nSpec: r\nSpec-Break: both", refs["r"])
     assert protocol.declared_breaks(git, "HEAD", specs) == {"q", "r"}
+
+
+class TinyLM(nn.Module):
+    """A language model small enough to decode in a test: an embedding and a head."""
+
+    def __init__(self, cfg: Config) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(cfg.V, cfg.C)
+        self.head = nn.Linear(cfg.C, cfg.V)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.emb(ids))  # (B, T, V)
+
+
+def _decoder(*, dynamic: bool | None = None, eager: bool = False, skew: float = 0.0) -> Any:
+    """A greedy decoder whose single-token steps go through ``torch.compile(fullgraph=True)``
+    with the backend ``compile_step`` names; the variants break one promise each."""
+
+    def step(model: nn.Module, last: torch.Tensor, pos: int) -> torch.Tensor:
+        return model(last)[:, -1] + 0 * pos  # (B, V); pos a Python int, specialised on or not
+
+    def decode(
+        model: nn.Module,
+        prompt_ids: torch.Tensor,
+        max_new_tokens: int,
+        *,
+        temperature: float = 1.0,
+        compile_step: bool | str = False,
+    ) -> torch.Tensor:
+        fn: Any = step
+        if compile_step and not eager:
+            compiled = torch.compile(step, fullgraph=True, backend=compile_step, dynamic=dynamic)
+
+            def fn(model: nn.Module, last: torch.Tensor, pos: int) -> torch.Tensor:
+                out = compiled(model, last, pos)  # (B, V)
+                return out + skew * torch.arange(out.shape[-1])  # (B, V), the last id favoured
+
+        ids = prompt_ids  # (B, t)
+        for i in range(max_new_tokens):
+            logits = model(ids)[:, -1] if i == 0 else fn(model, ids[:, -1:], ids.shape[1])
+            ids = torch.cat([ids, logits.argmax(-1, keepdim=True)], dim=1)  # (B, t + i + 1)
+        return ids
+
+    return decode
+
+
+def _decode_verdict(head: Any) -> list[tuple[str, str]]:
+    size = PROBES.Size("small", {"V": 11, "C": 8, "T": 12}, 2, 5, 8)
+
+    def run(fn: Any) -> tuple[dict[str, Any], dict[str, oracle_run.Output]]:
+        report, outputs = PROBES.decode_probe(
+            fn, TinyLM, size, Config, 7, STATE.snapshot, STATE.changed
+        )
+        return report, _outputs({f"m:X|small|{k}": v for k, v in outputs.items()})
+
+    (want, base_out), (got, head_out) = run(_decoder()), run(head)
+    pair = protocol_rules.Pair(
+        "m:X", "small", "C=8", got, want, head_out, base_out, stages=4, reduction=8
+    )
+    return [(r, m) for r, m in protocol_rules.judge(pair) if r == "protocol.decode-compile"]
+
+
+def test_a_decoder_against_itself_keeps_its_compiled_steps() -> None:
+    assert _decode_verdict(_decoder()) == []
+
+
+@pytest.mark.parametrize(
+    ("head", "words"),
+    [
+        (_decoder(eager=True), "compile_step compiled nothing"),
+        (_decoder(dynamic=False), "compiled steps made 3 graph(s) where the base's made"),
+        (_decoder(skew=100.0), "choose other ids than the eager ones"),
+    ],
+)
+def test_each_broken_decode_promise_is_found(head: Any, words: str) -> None:
+    found = _decode_verdict(head)
+    assert any(words in m for _, m in found), found
+
+
+def test_the_decoders_come_from_the_specs_api() -> None:
+    specs = load_specs(WorkingTree(GitRepo(ROOT)))
+    found = protocol.decoders(list(specs.values()))
+    want = ["niels_gpt.model.kv_cache:generate", "niels_gpt.model.kv_cache:generate"]
+    assert [*want, "niels_gpt.model.gpt:GPT"] in found

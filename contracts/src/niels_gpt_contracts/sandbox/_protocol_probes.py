@@ -26,6 +26,12 @@ PR's figures with the base's. For one module class and one configuration,
 - ``compile``: the graphs and graph breaks of one ``torch.compile`` of the
   forward, and the frames two more same-shaped calls recompile.
 
+``decode_probe`` measures a decoder (a function taking ``compile_step``, e.g.
+``kv_cache.generate``) the same way: greedy ids with eager steps, then twice
+with its steps compiled by a counting backend registered under a name drawn
+from the seed, the graphs the first call made and the frames the second
+added, and the globals each step left changed.
+
 ``Probe.outputs`` collects the tensors to send, keyed ``label|size|what|out.N``.
 """
 
@@ -35,6 +41,7 @@ import copy
 import gc
 import inspect
 import io
+import itertools
 import pickle
 import traceback
 from collections.abc import Callable, Iterator
@@ -413,3 +420,100 @@ class Probe:
             found["error"] = why(err)
         torch._dynamo.reset()
         self.report["compile"] = found
+
+
+DECODE_NEW = 4  # tokens a decoder probe generates
+_BACKENDS = itertools.count()  # backends this process registered
+
+
+def _bind(fn: Callable[..., Any], model: nn.Module, ids: torch.Tensor, new: int) -> dict[str, Any]:
+    """Keyword arguments for ``fn(model, ids, ...)``: the model and the prompt first,
+    ``max_new_tokens``, greedy where it takes a temperature, ``None`` for a mask.
+
+    Raises:
+        TypeError: a required parameter this probe cannot fill.
+    """
+    found: dict[str, Any] = {}
+    params = list(inspect.signature(fn).parameters.values())
+    for i, p in enumerate(params):
+        if i == 0:
+            found[p.name] = model
+        elif i == 1:
+            found[p.name] = ids
+        elif p.name == "max_new_tokens":
+            found[p.name] = new
+        elif p.name == "temperature":
+            found[p.name] = 0.0  # the argmax: no draw, the same ids on both sides
+        elif "mask" in p.name and p.default is p.empty:
+            found[p.name] = None
+        elif p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            raise TypeError(f"no value for the decoder's required parameter {p.name!r}")
+    return found
+
+
+def decode_probe(
+    fn: Callable[..., Any],
+    model_cls: type[nn.Module],
+    size: Size,
+    config_type: type,
+    seed: int,
+    snapshot: Callable[[], dict[str, str]],
+    changed: Callable[[dict[str, str], dict[str, str]], list[str]],
+) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """One decoder at one size: ``(report, outputs)``, outputs keyed ``eager`` and ``compiled``.
+
+    The report holds ``build`` (None or why the model or the call could not be
+    set up), ``decode``: ``{"graphs", "frames"}`` or ``{"error"}``, and
+    ``state``: per step, the globals it left changed.
+    """
+    import torch._dynamo
+    from torch._dynamo import register_backend
+
+    report: dict[str, Any] = {"build": None}
+    outputs: dict[str, torch.Tensor] = {}
+    gen = torch.Generator().manual_seed(seed % (2**63))
+    try:
+        torch.manual_seed(seed % (2**63))
+        model = build(model_cls, size, config_type)
+        perturb(model, gen)
+        model.eval()
+        T = int(size.cfg["T"])
+        new = min(DECODE_NEW, T - 1)
+        t = max(1, min(size.T, T - new))
+        ids = torch.randint(0, size.cfg["V"], (size.B, t), generator=gen)  # (B, t) int64
+        kwargs = _bind(fn, model, ids, new)
+    except Exception as err:
+        report["build"] = why(err)
+        return report, outputs
+    frames = [0]
+    name = f"protocol_{seed % (1 << 32):08x}_{next(_BACKENDS)}"  # dynamo refuses a name twice
+
+    def counting(gm: torch.fx.GraphModule, _example: Any) -> Callable[..., Any]:
+        frames[0] += 1
+        return gm.forward  # the traced graph, run eagerly
+
+    register_backend(counting, name=name)
+
+    def call(step: str, compile_step: bool | str) -> Any:
+        before = snapshot()
+        try:
+            return fn(**kwargs, compile_step=compile_step)
+        finally:
+            moved = changed(before, snapshot())
+            if moved:
+                report.setdefault("state", {})[step] = moved
+
+    torch._dynamo.reset()
+    try:
+        for where, t_ in tensors(call("decode-eager", False)):
+            outputs[f"eager|{where}"] = t_.detach().clone().contiguous()
+        got = call("decode-compiled", name)
+        graphs = frames[0]
+        call("decode-compiled", name)
+        report["decode"] = {"graphs": graphs, "frames": frames[0]}
+        for where, t_ in tensors(got):
+            outputs[f"compiled|{where}"] = t_.detach().clone().contiguous()
+    except Exception as err:
+        report["decode"] = {"error": why(err)}
+    torch._dynamo.reset()
+    return report, outputs

@@ -7,13 +7,16 @@ any stage code runs::
 
     {"seed", "fd", "roots", "names", "config": "module:Name",
      "classes": [[label, "module:qualname"], ...],
+     "decoders": [[label, "module:function", "module:ModelClass"], ...],
      "sizes": [{"name", "cfg", "B", "T", "rows", "full"}, ...],
      "given": path or null, "out": folder}
 
 For every class that is an ``nn.Module`` (classes that are the same object
 under several labels are probed once, under the first label) and every size,
 it runs a ``Probe``; with ``given`` (the base's ``weights.safetensors``), each
-probe loads those weights. Without ``given`` it writes
+probe loads those weights. Without ``given``, every decoder (a function
+taking ``compile_step``) also runs ``decode_probe`` at each full size, its
+report under ``classes`` like a class's; and the worker writes
 ``out/weights.safetensors`` (the weights its subjects held, for the PR's
 worker: inputs, not answers). Its answers go to file descriptor ``fd`` (a
 pipe no other process has), each part behind its length as 8 big-endian
@@ -128,6 +131,25 @@ def main() -> None:
                 outputs.update(tensors)
                 prefix = f"{label}|{size.name}|"
                 weights.update({prefix + k: v for k, v in probe.weights.items()})
+        if request.get("given") is None:
+            for label, dotted, model in request.get("decoders", []):
+                try:
+                    fn, model_cls = _resolve(dotted), _resolve(model)
+                except Exception as err:
+                    report["skipped"][label] = f"not importable: {probes.why(err)}"
+                    continue
+                report["defined"][label] = getattr(fn, "__module__", "") or ""
+                for raw in request["sizes"]:
+                    if not raw["full"]:
+                        continue
+                    size = probes.Size(raw["name"], raw["cfg"], raw["B"], raw["T"], raw["rows"])
+                    found, tensors = probes.decode_probe(
+                        fn, model_cls, size, config_type, int(request["seed"]),
+                        state.snapshot, state.changed,
+                    )  # fmt: skip
+                    report["classes"].setdefault(label, {})[size.name] = found
+                    prefix = f"{label}|{size.name}|"
+                    outputs.update({prefix + k: v for k, v in tensors.items()})
         wide = {}
         for key, t in outputs.items():
             report["dtypes"][key] = str(t.dtype).removeprefix("torch.")

@@ -108,6 +108,11 @@ _PROBE = {
                 "frames": _COUNT,
             },
         },
+        "decode": {
+            "type": "object",
+            "properties": {"graphs": _COUNT, "frames": _COUNT, "error": {"type": "string"}},
+            "additionalProperties": False,
+        },
     },
     "required": ["build"],
 }  # fmt: skip

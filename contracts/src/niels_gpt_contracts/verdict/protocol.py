@@ -19,6 +19,7 @@ whose worker fails where the base's finished is BROKEN.
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import random
 import secrets
@@ -63,6 +64,36 @@ def module_classes(closure: Sequence[Spec]) -> list[str]:
                     if kinds.get(dotted, "class") == "class" and name[:1].isupper():
                         found.add(dotted)
     return sorted(c for c in found if c.rpartition(":")[2] != CONFIG)
+
+
+DECODE_PARAMETER = "compile_step"  # a function taking it compiles its decode steps
+
+
+def decoders(closure: Sequence[Spec]) -> list[list[str]]:
+    """``[label, "module:function", "module:ModelClass"]`` of every function the closure's
+    specs pin with a ``compile_step`` parameter, sorted; the model class is the one
+    its first parameter is annotated with, among the classes ``module_classes``
+    finds (a decoder whose model is no exported class is left out)."""
+    classes = {c.rpartition(":")[2]: c for c in module_classes(closure)}
+    found = []
+    for spec in closure:
+        for entry in spec.api:
+            if entry.kind != "function" or not entry.signature:
+                continue
+            try:
+                tree = ast.parse(f"def _{entry.signature}: pass")
+            except SyntaxError:
+                continue
+            fn = tree.body[0]
+            assert isinstance(fn, ast.FunctionDef)
+            params = [*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs]
+            if DECODE_PARAMETER not in {a.arg for a in params} or not params:
+                continue
+            first = params[0].annotation
+            model = classes.get(ast.unparse(first)) if first is not None else None
+            if model is not None:
+                found.append([entry.object, entry.object, model])
+    return sorted(found)
 
 
 def config_class(specs: Sequence[Spec]) -> str | None:
@@ -255,6 +286,7 @@ def request_for(specs: Sequence[Spec], closure: Sequence[Spec], seed: int) -> di
         "names": sorted(namespaces({s.id: s for s in specs})),
         "config": config_class(specs),
         "classes": [[c, c] for c in module_classes(closure)],
+        "decoders": decoders(closure),
         "sizes": sizes(seed),
         "given": None,
     }
@@ -300,8 +332,22 @@ def decide(
                 text = f"{label.rpartition(':')[2]} ({size['name']} size): {message}"
                 found.append(Violation(rule, path or spec.path, None, text, stage, CHECK))
     if found:
-        summary = f"{len(found)} violation(s) over {probed} class probe(s) (seed {seed:#x})"
+        summary = f"{len(found)} violation(s) over {probed} probe(s) (seed {seed:#x})"
         return Outcome(stage, CHECK, BROKEN, summary, found[:MAX_ROWS])
     names = ", ".join(sorted({label.rpartition(":")[2] for label in base.report["classes"]}))
-    summary = f"{probed} class probe(s) keep every module promise: {names} (seed {seed:#x})"
-    return Outcome(stage, CHECK, KEPT, summary)
+    summary = f"{probed} probe(s) keep every module promise: {names} (seed {seed:#x})"
+    unjudged = _unjudged(base.report["classes"])
+    return Outcome(stage, CHECK, KEPT, summary + (f"; {unjudged}" if unjudged else ""))
+
+
+def _unjudged(classes: Mapping[str, Mapping[str, Any]]) -> str:
+    """What the base's own code could not do, so no promise of it was judged (said in the
+    KEPT row rather than passed over): a decoder whose compiled steps raised on the base."""
+    said = []
+    for label, by_size in sorted(classes.items()):
+        for size, found in sorted(by_size.items()):
+            decode = found.get("decode") if isinstance(found, Mapping) else None
+            if isinstance(decode, Mapping) and "error" in decode:
+                name = label.rpartition(":")[2]
+                said.append(f"{name} ({size}): the base's compiled steps raised {decode['error']}")
+    return "not judged: " + "; ".join(said) if said else ""

@@ -201,6 +201,32 @@ def _compile(p: Pair) -> list[str]:
     return out
 
 
+def _decode(p: Pair) -> list[str]:
+    """A decoder's compiled steps (``_protocol_probes.decode_probe``) against the base's."""
+    head, base = p.head.get("decode"), p.base.get("decode")
+    if not isinstance(base, dict) or "error" in base:
+        return []
+    if not isinstance(head, dict):
+        return ["the decoder was not probed with compile_step"]
+    if "error" in head:
+        return [f"generating with compiled steps raised: {head['error']}"]
+    out = []
+    if base["graphs"] > 0 and head["graphs"] == 0:
+        out.append("compile_step compiled nothing: the steps ran eagerly")
+    elif head["graphs"] > base["graphs"]:
+        out.append(
+            f"one call's compiled steps made {head['graphs']} graph(s) where the base's "
+            f"made {base['graphs']} (a step that recompiles, or breaks its graph)"
+        )
+    again, was = head["frames"] - head["graphs"], base["frames"] - base["graphs"]
+    if again > was:
+        out.append(f"a second same-shaped call compiled {again} graph(s) more, the base's {was}")
+    eager, compiled = p.outputs(p.head_out, "eager"), p.outputs(p.head_out, "compiled")
+    for diff in _differ(p, compiled, eager):
+        out.append(f"the compiled steps choose other ids than the eager ones: {diff}")
+    return out
+
+
 def _trips(p: Pair) -> list[str]:
     head, base = p.head.get("trips"), p.base.get("trips")
     if not isinstance(head, dict) or not isinstance(base, dict):
@@ -300,6 +326,18 @@ RULES: tuple[ProtocolRule, ...] = (
             "Keep the forward traceable as the base's is.",
         ),
         _compile,
+    ),
+    ProtocolRule(
+        "protocol.decode-compile",
+        RuleDoc(
+            "A decoder's compiled steps compile more graphs than the base's, or none.",
+            "A function that takes compile_step (kv_cache's generate) promises one traced "
+            "step reused token after token: greedy ids with the steps compiled by a counting "
+            "backend must equal its eager ids, with no more graphs and no more recompiles "
+            "on a second call than the base's make.",
+            "Keep the decode step's inputs shaped and typed the same at every position.",
+        ),
+        _decode,
     ),
     ProtocolRule(
         "protocol.round-trip",
