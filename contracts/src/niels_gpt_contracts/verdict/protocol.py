@@ -69,12 +69,13 @@ def module_classes(closure: Sequence[Spec]) -> list[str]:
 DECODE_PARAMETER = "compile_step"  # a function taking it compiles its decode steps
 
 
-def decoders(closure: Sequence[Spec]) -> list[list[str]]:
+def decoders(closure: Sequence[Spec], specs: Sequence[Spec]) -> list[list[str]]:
     """``[label, "module:function", "module:ModelClass"]`` of every function the closure's
     specs pin with a ``compile_step`` parameter, sorted; the model class is the one
-    its first parameter is annotated with, among the classes ``module_classes``
-    finds (a decoder whose model is no exported class is left out)."""
-    classes = {c.rpartition(":")[2]: c for c in module_classes(closure)}
+    its first parameter is annotated with, among the classes every spec exports
+    (``module_classes``: a stage the PR builds on, backbone_v1's ``GPT``, included).
+    A decoder whose model is no exported class is left out."""
+    classes = {c.rpartition(":")[2]: c for c in module_classes(specs)}
     found = []
     for spec in closure:
         for entry in spec.api:
@@ -264,7 +265,8 @@ def judge_protocol(
         ConfigError: the base's worker failed (no verdict).
     """
     stage = p.stage.id
-    if not module_classes(p.closure) or config_class(list(ctx.specs.values())) is None:
+    specs = list(ctx.specs.values())
+    if not (module_classes(p.closure) or decoders(p.closure, specs)) or config_class(specs) is None:
         return Outcome(stage, CHECK, NOT_RUN, "no stage of the closure exports a class")
     seed = secrets.randbits(63) if seed is None else seed
     request = request_for(list(ctx.specs.values()), p.closure, seed)
@@ -286,7 +288,7 @@ def request_for(specs: Sequence[Spec], closure: Sequence[Spec], seed: int) -> di
         "names": sorted(namespaces({s.id: s for s in specs})),
         "config": config_class(specs),
         "classes": [[c, c] for c in module_classes(closure)],
-        "decoders": decoders(closure),
+        "decoders": decoders(closure, specs),
         "sizes": sizes(seed),
         "given": None,
     }
