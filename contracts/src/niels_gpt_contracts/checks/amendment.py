@@ -23,6 +23,8 @@ a package's code moved verbatim from its ``__init__.py`` into one named module
 beside it, leaving an ``__init__.py`` that only re-exports, and an empty
 ``py.typed`` marker added or removed): a contributor cannot pass
 code off as an amendment, and the schema is the checker's, not a stage's.
+A stage's changelog (``specs/<stage>/CHANGELOG.md``, ``checks.changelog``)
+needs the stage's trailer like its spec, and moves no level: it is prose.
 The head's specs are validated with the base's schema. Who may amend is
 decided outside the gate (review of ``specs/``); the gate judges what.
 """
@@ -35,7 +37,7 @@ from pathlib import Path
 import tomllib
 from packaging.version import Version
 
-from niels_gpt_contracts.checks import speckit
+from niels_gpt_contracts.checks import changelog, speckit
 from niels_gpt_contracts.checks.coverage import check_coverage
 from niels_gpt_contracts.checks.evidence_diff import compare_file
 from niels_gpt_contracts.checks.loading import load_specs
@@ -117,12 +119,14 @@ def _version(text: str | None) -> Version:
 
 
 def _owner(path: str, specs: Mapping[str, Spec]) -> tuple[str | None, str]:
-    """``(stage, part)`` a path belongs to: ``spec``, ``evidence``, ``tests``, the spec
+    """``(stage, part)`` a path belongs to: ``spec``, its ``changelog``, ``evidence``, ``tests``, the spec
     kit (``kit``, every stage that loads it: ``_kit_path``), or no stage (``other``)."""
     if speckit.in_kit(path):
         return None, "kit"
     if path.startswith(f"{SPECS_DIR}/") and path.count("/") == 1 and path.endswith(".toml"):
         return path[len(SPECS_DIR) + 1 : -len(".toml")], "spec"
+    if changelog.is_changelog(path):
+        return path.split("/")[1], "changelog"  # the spec's prose: named, never compared
     if path.startswith(f"{SPECS_DIR}/") and path.count("/") >= 2:
         return path.split("/")[1], "evidence"
     for spec in specs.values():
@@ -272,7 +276,7 @@ def _paths(
             loose.append(_v("amendment.trailer", path, why))
         elif part == "other" or (part == "tests" and stage not in declared):
             loose.append(_v("amendment.path", path, OUTSIDE))
-        elif stage is not None and part != "spec":
+        elif stage is not None and part not in ("spec", "changelog"):
             touched[stage].append(path)
         if j.after.is_symlink(path):
             loose.append(_v("amendment.path", path, "expected a regular file, found a link"))
