@@ -119,8 +119,9 @@ def _version(text: str | None) -> Version:
 
 
 def _owner(path: str, specs: Mapping[str, Spec]) -> tuple[str | None, str]:
-    """``(stage, part)`` a path belongs to: ``spec``, its ``changelog``, ``evidence``, ``tests``, the spec
-    kit (``kit``, every stage that loads it: ``_kit_path``), or no stage (``other``)."""
+    """``(stage, part)`` a path belongs to: ``spec``, its ``changelog``, ``evidence``,
+    ``tests``, the spec kit (``kit``, every stage that loads it: ``_kit_path``), or no
+    stage (``other``)."""
     if speckit.in_kit(path):
         return None, "kit"
     if path.startswith(f"{SPECS_DIR}/") and path.count("/") == 1 and path.endswith(".toml"):
