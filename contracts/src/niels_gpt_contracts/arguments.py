@@ -1,7 +1,8 @@
 """The ``contracts`` command line: its subcommands, their options, its exit statuses.
 
 ``build_parser`` gives the ``argparse`` parser of ``check``, ``mutants``,
-``pr`` and ``prepare``; a usage error (an unknown option, a device outside
+``pr`` and ``prepare`` (and the maintainers' ``spec api`` and ``new-stage``,
+``authoring.commands``); a usage error (an unknown option, a device outside
 ``checks.devices.DEVICES``) prints the usage and exits ``EXIT_ERROR`` (2),
 never 0. ``pre_push_refs`` turns ``check --pre-push`` into the base and head
 pre-commit's pre-push stage gives, and raises ``ConfigError`` when it gives
@@ -16,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
+from niels_gpt_contracts.authoring import commands as authoring_commands
 from niels_gpt_contracts.checks.devices import DEVICES
 from niels_gpt_contracts.errors import ConfigError
 from niels_gpt_contracts.mutants import runner as mutants_runner
@@ -122,6 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     prepare.add_argument("--cache-dir", type=Path, default=Path(".contracts-cache"), metavar="DIR")
     prepare.add_argument("--repo", type=Path, default=Path(), metavar="DIR")
+    authoring_commands.add_parsers(sub)  # spec api, new-stage
     return parser
 
 

@@ -34,6 +34,7 @@ from niels_gpt_contracts.arguments import (
     build_parser,
     pre_push_refs,
 )
+from niels_gpt_contracts.authoring import commands as authoring_commands
 from niels_gpt_contracts.errors import ConfigError, SpecErrors
 from niels_gpt_contracts.mutants import runner as mutants_runner
 from niels_gpt_contracts.reporters import mutant_report, renderer, stderr_guard
@@ -215,6 +216,8 @@ def _run(args: argparse.Namespace) -> int:
         return _main_pr(args)
     if args.command == "prepare":
         return _main_prepare(args)
+    if args.command in authoring_commands.COMMANDS:
+        return authoring_commands.run(args)
     render, render_error = renderer(args.format)
 
     def judge() -> Result:
