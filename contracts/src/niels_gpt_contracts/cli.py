@@ -1,17 +1,9 @@
 """``contracts``: the niels_gpt spec gate.
 
-    contracts check                                   every stage, working tree
-    contracts check --reports reports                 ... plus invariant x device
-    contracts check --stage S --base REV [--head REV] the PR gate for stage S
-    contracts check --base REV                        ... stage from 'Stage:' trailers
-    contracts check --pre-push                        ... the refs pre-commit pushes
-    contracts mutants [--stage S]                     the catalogued bugs must be killed
-    contracts pr --base REV [--head REV] [--full]     the whole trusted PR verdict
-    contracts prepare [--cache-dir DIR]               build pr's sandbox interpreter ahead
-
-Exit status: 0 every check KEPT; 1 something BROKEN; 2 a usage or
-configuration error (unknown stage, unreadable or malformed spec, base not
-found, not a git repository, bad report). An error never exits 0.
+Subcommands ``check``, ``mutants``, ``pr`` and ``prepare``, and the
+maintainers' ``spec api`` and ``new-stage`` (``authoring.commands``); the
+usage is contracts/README.md's. Exit status: 0 every check KEPT; 1 something
+BROKEN; 2 a usage or configuration error. An error never exits 0.
 
 The options and the exit statuses are ``arguments``'; this module runs the
 subcommand they name and turns its outcome, error or signal into the status.
