@@ -121,29 +121,26 @@ def calls(o: Oracle) -> None:
 '''
 
 ACCEPTANCE = '''\
-"""Acceptance tests of the {name} stage, written from specs/{name}.toml."""
+"""Acceptance tests of the {name} stage, written from specs/{name}.toml.
+
+They run where the verdict puts them (beside the base's drivers, without the
+spec), so what they check is written here: ``EXPORTS`` is the spec's API.
+"""
 
 from __future__ import annotations
 
 import importlib
-from pathlib import Path
 
 import pytest
-import tomllib
 
-SPEC = Path(__file__).resolve().parents[2] / "{name}.toml"
+EXPORTS: list[str] = []  # the exports of niels_gpt.model.{name} in specs/{name}.toml
 
 
 @pytest.mark.invariant("{name}.exports")
 def test_exports_are_the_spec_api() -> None:
     module = importlib.import_module("niels_gpt.model.{name}")
-    api = tomllib.loads(SPEC.read_text(encoding="utf-8"))["api"]
-    listed = sorted(
-        n for e in api if e["object"] == "niels_gpt.model.{name}" for n in e.get("exports", [])
-    )
-    assert sorted(module.__all__) == listed, (
-        f"expected __all__ = {{listed}}, found {{sorted(module.__all__)}}"
-    )
+    found = sorted(module.__all__)
+    assert found == EXPORTS, f"expected __all__ = {{EXPORTS}}, found {{found}}"
 '''
 
 CHANGELOG = """\
