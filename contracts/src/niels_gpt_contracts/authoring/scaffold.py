@@ -28,6 +28,8 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
+import tomllib
+
 from niels_gpt_contracts.authoring import freeze
 from niels_gpt_contracts.checks.changelog import changelog_path
 from niels_gpt_contracts.checks.loading import load_specs
@@ -214,6 +216,19 @@ def _closure(specs: dict[str, Spec], after: str) -> list[str]:
     return [s for s in specs if s in found]
 
 
+def _pins(root: Path, specs: dict[str, Spec], stages: list[str]) -> list[str]:
+    """``<distribution>~=<version>`` of each stage, its version read from its pyproject."""
+    pins = []
+    for stage in stages:
+        pyproject = root / specs[stage].package / "pyproject.toml"
+        try:
+            version = tomllib.loads(pyproject.read_text(encoding="utf-8"))["project"]["version"]
+        except (OSError, tomllib.TOMLDecodeError, KeyError) as err:
+            raise ConfigError(f"expected a [project] version in {pyproject}, found none") from err
+        pins.append(f"{specs[stage].distribution}~={version}")
+    return pins
+
+
 def _check(root: Path, specs: dict[str, Spec], name: str, after: str) -> None:
     if not _NAME.fullmatch(name):
         raise ConfigError(f"expected a lower-case identifier ([a-z][a-z0-9_]*), found {name!r}")
@@ -237,7 +252,7 @@ def new_stage(root: Path, name: str, after: str) -> list[str]:
         "distribution": distribution,
         "depends": _quoted(depends),
         "allowed": _quoted(["torch", "numpy", *dists]),
-        "requirements": _quoted(["torch>=2.13", "numpy>=1.24", *(f"{d}~=0.1.0" for d in dists)]),
+        "requirements": _quoted(["torch>=2.13", "numpy>=1.24", *_pins(repo.root, specs, depends)]),
         "frozen_paths": "\n".join(f'    "{specs[s].package}/**",' for s in specs),
     }
     files = {
