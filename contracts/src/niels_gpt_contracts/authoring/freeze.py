@@ -129,13 +129,6 @@ def _target(obj: griffe.Object | griffe.Alias) -> griffe.Object:
     return obj.final_target if isinstance(obj, griffe.Alias) else obj
 
 
-def _as_function(obj: griffe.Object | griffe.Alias, path: str) -> griffe.Function:
-    target = _target(obj)
-    if not isinstance(target, griffe.Function):
-        raise ConfigError(f"expected a function at {path}, found a {target.kind.value}")
-    return target
-
-
 def _methods(cls: griffe.Class) -> dict[str, griffe.Function]:
     """Methods reachable on ``cls``, inherited ones included, by name."""
     found: dict[str, griffe.Function] = {}
