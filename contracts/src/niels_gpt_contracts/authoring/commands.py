@@ -16,7 +16,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from niels_gpt_contracts.authoring import freeze, scaffold
 from niels_gpt_contracts.checks.loading import load_specs
 from niels_gpt_contracts.errors import ConfigError, SpecErrors
 from niels_gpt_contracts.gitdiff import GitRepo, WorkingTree
@@ -69,6 +68,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _api(args: argparse.Namespace) -> int:
+    from niels_gpt_contracts.authoring import freeze  # griffe, loaded only when asked for
+
     stage = args.freeze or args.check
     repo = GitRepo.discover(args.repo)
     specs = load_specs(WorkingTree(repo))
@@ -95,6 +96,8 @@ def _api(args: argparse.Namespace) -> int:
 
 
 def _new_stage(args: argparse.Namespace) -> int:
+    from niels_gpt_contracts.authoring import scaffold  # griffe, loaded only when asked for
+
     repo = GitRepo.discover(args.repo)
     written = scaffold.new_stage(repo.root, args.name, args.after)
     for path in written:
