@@ -86,14 +86,18 @@ def _record(call: Call, recipe: Call | None) -> dict[str, Any]:
     return found
 
 
-def dump(root: Path, seed: int, stages: list[str], timeout: float) -> dict[str, Any]:
-    """Every oracle call of ``root``'s stages (``stages``: all when empty) at ``seed``."""
+def dump(
+    root: Path, seed: int, stages: list[str], timeout: float, only: list[str]
+) -> dict[str, Any]:
+    """Every oracle call of ``root``'s stages (``stages``: all when empty) at ``seed``;
+    ``only``: the calls matching these patterns alone (all when empty)."""
     specs = _specs(root)
     chosen = [s for s in specs.values() if s.oracle and (not stages or s.id in stages)]
     everyone = list(specs.values())
     modules = oracle._modules(everyone, {f for s in everyone for f in s.module_files})
     names = sorted({m.split(".")[0] for m in modules})
-    drivers = [{**oracle._entry(s, root), "capture": True} for s in chosen]
+    run = {"only": only} if only else {}
+    drivers = [{**oracle._entry(s, root, **run), "capture": True} for s in chosen]
     request = {"seed": seed, "names": names, "references": {}, "preload": modules,
                "drivers": drivers}  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
@@ -184,6 +188,7 @@ def main() -> int:
     d.add_argument("--root", type=Path, default=Path(__file__).resolve().parents[2])
     d.add_argument("--seed", type=int, default=46)
     d.add_argument("--stage", action="append", default=[], help="stages (default: all)")
+    d.add_argument("--only", action="append", default=[], help="call patterns (default: all)")
     d.add_argument("--timeout", type=float, default=7200.0)
     d.add_argument("--out", type=Path, required=True)
     c = sub.add_parser("compare", help="compare two dumps stage by stage")
@@ -195,7 +200,7 @@ def main() -> int:
         return compare(
             json.loads(args.before.read_text()), json.loads(args.after.read_text()), args.show
         )
-    found = dump(args.root.resolve(), args.seed, args.stage, args.timeout)
+    found = dump(args.root.resolve(), args.seed, args.stage, args.timeout, args.only)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(found, indent=1, sort_keys=True))
     total = sum(len(s["calls"]) for s in found["stages"].values())

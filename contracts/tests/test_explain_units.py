@@ -201,3 +201,16 @@ def test_a_capture_naming_no_stage_module_is_refused(tmp_path: Path) -> None:
     pick = [explain.Failed("attention", "l", "", False)]
     with pytest.raises(repro.Refused, match="Uncapturable"):
         repro.write(tmp_path, "attention", pick, lam, {False: lam}, {"niels_gpt.config"})
+
+
+def test_a_call_on_a_meta_tensor_is_uncapturable_and_the_driver_goes_on() -> None:
+    """A bad call on a ``meta`` tensor (no data to send) is refused, not the driver's end."""
+    from niels_gpt.config import ModelConfig
+    from niels_gpt.model.attention import CausalSelfAttention
+
+    attn = CausalSelfAttention(ModelConfig(V=2, T=16, C=8, H=2, dropout=0.0)).eval()
+    stream = _captured(partial(attn, torch.zeros(1, 2, 8, device="meta")), "m")
+    recipe = stream.calls[("attention", "m#capture")]
+    assert recipe.error == "Uncapturable"
+    assert "arg.0 is a meta tensor" in recipe.message
+    assert ("attention", "m") in stream.calls

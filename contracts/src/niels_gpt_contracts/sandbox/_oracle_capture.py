@@ -11,9 +11,9 @@ A call the reproducer can rebuild is ``functools.partial`` of
 - a bound method of such a module (``kind`` ``method``, plus ``method``);
 - a plain function (``kind`` ``function``);
 
-with tensors or plain values as arguments. The frame's ``values`` hold the
-import paths, config fields, mode (``training``, ``grad``, ``inference``)
-and plain arguments; its tensors (``state.<name>``, ``arg.<i>``,
+with tensors (not on ``meta``: no data) or plain values as arguments. The
+frame's ``values`` hold the import paths, config fields, mode (``training``,
+``grad``, ``inference``) and plain arguments; its tensors (``state.<name>``, ``arg.<i>``,
 ``kwarg.<name>``) the weights and inputs as the call saw them. Anything else
 is answered with ``error: "Uncapturable"`` and a reason. This process
 decides nothing; the trusted side validates every name before using it.
@@ -79,6 +79,8 @@ def _recipe(fn: Callable[[], Any]) -> tuple[dict[str, Any], dict[str, torch.Tens
     named = [(f"arg.{i}", a) for i, a in enumerate(fn.args)]
     named += [(f"kwarg.{k}", a) for k, a in sorted(fn.keywords.items())]
     for key, arg in named:
+        if isinstance(arg, torch.Tensor) and arg.is_meta:  # no data to send (a bad call's)
+            raise Uncapturable(f"argument {key} is a meta tensor")
         if isinstance(arg, torch.Tensor):
             tensors[key] = arg.detach().clone()
         elif isinstance(arg, PLAIN):
