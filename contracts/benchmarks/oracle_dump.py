@@ -96,8 +96,9 @@ def dump(
     everyone = list(specs.values())
     modules = oracle._modules(everyone, {f for s in everyone for f in s.module_files})
     names = sorted({m.split(".")[0] for m in modules})
-    run = {"only": only} if only else {}
-    drivers = [{**oracle._entry(s, root, **run), "capture": True} for s in chosen]
+    entries = [oracle._entry(s, root, only=only) if only else oracle._entry(s, root)
+               for s in chosen]  # fmt: skip
+    drivers = [{**entry, "capture": True} for entry in entries]
     request = {"seed": seed, "names": names, "references": {}, "preload": modules,
                "drivers": drivers}  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
