@@ -1,23 +1,23 @@
-"""The fastpath stage's domain sweeps (spec 3.4, issue 28; maintainer-owned).
+"""The fastpath stage's domain sweeps (loaded by ``fastpath_oracle.calls``; ``domain/...``).
 
-``calls(o)`` runs after the driver's earlier calls (``fastpath_oracle.py``
-chains it), one call group per axis the spec declares in
-``[oracle].axes``; each call names the axis it sweeps (``contracts check``
+Each call names the spec's ``[oracle].axes`` it sweeps (``contracts check``
 refuses the spec when one is never named). The earlier calls already sweep
 ``combos`` (fast path x KV cache x positions x key mask, ``cached/...``) and
 part of ``errors`` (``bad/...``), tagged there. Every fast answer is compared
-with the base's and, as an invariant, with the explicit path's answer (``name/explicit``) on the
-same weights and inputs (a fast module with ``use_explicit_attention``), in
-float64 unless the axis is the dtype:
+with the base's and, as an invariant, with the explicit path's answer
+(``name/explicit``) on the same weights and inputs (a fast module with
+``use_explicit_attention``), in float64 unless the axis is the dtype. The
+model sweep's table (``specs/_kit/speckit_model_sweeps.py``) calls a fast
+``GPT`` so: weights scaled up to x1000, every ``ModelConfig`` field away from
+its default, bad models for the switches and bad inputs to a fast module
+raising as the base. What is the fast attention module's own:
 
-- magnitude: inputs and weights scaled by 1, 10, 30, 100 and 1000 (an
-  attention module, and a GPT's weights); the bound's sum length covers the
-  largest attention score;
+- magnitude: inputs and weights scaled by the same factors; the bound's sum
+  length covers the largest attention score;
 - dtype: float32, float16 and bfloat16 modules, a float32 module and a GPT
   under bfloat16 autocast (forward and backward), float16 autocast;
 - layout: transposed, strided and expanded inputs; ``sdpa_kernel`` itself on
   non-contiguous q, k, v;
-- config: every ``ModelConfig`` field away from its default on a fast GPT;
 - modes: train (dropout 0, then 0.3 judged by causality), eval, ``no_grad``,
   ``inference_mode``, ``enable_grad`` inside ``no_grad`` with a backward;
 - grad2: Hessian-vector products of a fast module in training (input and
@@ -27,19 +27,21 @@ float64 unless the axis is the dtype:
   (mask, scale, dropout rate) is then differentiated twice;
 - history: one fast module after 3000 training calls (forward and backward),
   judged in eval and, in training, by causality; two modules called in turn;
-  a fast GPT rebuilt from a saved ``state_dict``;
-- errors: bad models for the switches and bad inputs to a fast module raise
-  as the base raises them.
+  a fast GPT rebuilt from a saved ``state_dict``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import importlib.util
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
+from torch.nn.attention import SDPBackend
+from torch.nn.attention import sdpa_kernel as backends
 
 from niels_gpt.config import ModelConfig
 from niels_gpt.model.attention import CausalSelfAttention
@@ -54,31 +56,23 @@ from niels_gpt.model.gpt import GPT
 if TYPE_CHECKING:
     from niels_gpt_contracts.driverkit import Oracle
 
-_SWEEPS = importlib.util.spec_from_file_location(  # the maintainers' oracle sweeps, by path
-    "niels_speckit_sweeps", Path(__file__).parents[1] / "_kit" / "speckit_sweeps.py"
+_SWEEPS = importlib.util.spec_from_file_location(  # the maintainers' model sweep, by path
+    "niels_speckit_model_sweeps", Path(__file__).parents[1] / "_kit" / "speckit_model_sweeps.py"
 )
 assert _SWEEPS is not None and _SWEEPS.loader is not None
 sweeps = importlib.util.module_from_spec(_SWEEPS)
 _SWEEPS.loader.exec_module(sweeps)
 
-SCALES = (1.0, 10.0, 30.0, 100.0, 1000.0)
 TRAINING_CALLS = 3000
 ATTN = ModelConfig(V=2, T=40, C=16, H=2, dropout=0.0)
 SMALL = ModelConfig(V=13, T=24, C=16, L=2, H=2, d_ff=24, dropout=0.0)
-STAGES = 7 * SMALL.L + 2
+STAGES = sweeps.depth(SMALL)
 
 
 def _attn(o: Oracle, cfg: ModelConfig, tag: str, dtype: torch.dtype = torch.float64) -> Any:
     attn = FastCausalSelfAttention(cfg).to(dtype).eval()
     o.load_weights(attn, tag)
     return attn
-
-
-def _gpt(o: Oracle, cfg: ModelConfig, tag: str, dtype: torch.dtype = torch.float64) -> GPT:
-    gpt = GPT(cfg).to(dtype).eval()
-    o.load_weights(gpt, tag)
-    use_fast_attention(gpt)
-    return gpt
 
 
 def _explicit(model: torch.nn.Module, fn: Any) -> Any:
@@ -90,91 +84,39 @@ def _explicit(model: torch.nn.Module, fn: Any) -> Any:
         use_fast_attention(model)
 
 
-def _vs_explicit(
-    o: Oracle,
-    name: str,
-    model: torch.nn.Module,
-    fn: Any,
-    *,
-    desc: str,
-    stages: int,
-    reduction: int,
-    computes_in: torch.dtype | None = None,
-) -> dict[str, Any]:
-    """Call ``fn()`` on the explicit path as ``name/explicit``; return the keywords of the
-    fast call ``name`` (the caller's ``o.call``, naming its axis): equal to it (an invariant)."""
-    o.call(f"{name}/explicit", partial(_explicit, model, fn), desc=f"{desc}, explicit",
-           stages=stages, reduction=reduction, computes_in=computes_in)  # fmt: skip
-    return {
-        "desc": f"{desc}, fast",
-        "stages": stages,
-        "reduction": reduction,
-        "computes_in": computes_in,
-        "relations": [o.equal((name, "out", ()), (f"{name}/explicit", "out", ()))],
-    }
+def _explicit_and_fast(o: Oracle, name: str, model: torch.nn.Module, fn: Any) -> list[Any]:
+    """``fn()`` on the explicit path (``name/explicit``) and on the fast one (``name``),
+    equal to each other (an invariant)."""
+    same = o.equal((name, "out", ()), (f"{name}/explicit", "out", ()))
+    return [
+        sweeps.Call("/explicit", partial(_explicit, model, fn), "{}, explicit"),
+        sweeps.Call("", fn, "{}, fast", {"relations": [same]}),
+    ]
 
 
-def _bound(attn: CausalSelfAttention, x: torch.Tensor) -> int:
-    """An upper bound of ``|q . k| / sqrt(D)`` over every head and pair (RoPE keeps norms)."""
-    with torch.no_grad():
-        q, k, _ = attn.qkv(x).split(attn.cfg.C, dim=-1)  # (B, T, C) each
-        top = q.norm(dim=-1).max() * k.norm(dim=-1).max() / attn.head_dim**0.5
-    return int(top) + 1
+def _forward(o: Oracle, name: str, gpt: GPT, ids: torch.Tensor) -> list[Any]:
+    """The table's forward: ``gpt(ids)`` explicit and fast (``_explicit_and_fast``)."""
+    return _explicit_and_fast(o, name, gpt, partial(gpt, ids))
 
 
-def _gpt_bound(gpt: GPT, ids: torch.Tensor) -> int:
-    """The largest ``_bound`` over ``gpt``'s attention modules, each on its own input."""
-    top = 0
-    with torch.no_grad():
-        h = gpt.tok_emb(ids)  # (B, T, C): the first block's input
-        for block in gpt.blocks:
-            b = cast(Any, block)
-            top = max(top, _bound(b.attn, b.ln1(h)))
-            h = block(h)  # (B, T, C)
-    return top
+def _both(o: Oracle, name: str, model: torch.nn.Module, fn: Any, desc: str, **judged: Any) -> None:
+    """A scenario's ``fn()`` explicit and fast, judged alike (``sweeps.judge``'s keywords)."""
+    sweeps.judge(o, name, _explicit_and_fast(o, name, model, fn), desc, **judged)
 
 
 def _magnitude(o: Oracle) -> None:
     if not o.wants("domain/magnitude/attn/s=1"):
         return
     x0 = o.randn(2, 30, ATTN.C, tag="mag-x")  # (2, 30, C)
-    ids = o.randint(SMALL.V, 2, 20, tag="mag-ids")  # (2, 20)
-    for s in SCALES:
+    for s in sweeps.SCALES:
         attn = FastCausalSelfAttention(ATTN).double().eval()
         o.load_weights(attn, "mag-attn", scale=s / ATTN.C**0.5)  # weights x s
         x = s * x0  # (2, 30, C)
-        gpt = GPT(SMALL).double().eval()
-        o.load_weights(gpt, "mag-gpt", scale=s / SMALL.C**0.5)
-        use_fast_attention(gpt)
+        top = max(30, sweeps.score_bound(attn, x))
         with torch.no_grad():
-            o.call(
-                f"domain/magnitude/attn/s={s:g}",
-                partial(attn, x),
-                axes=("magnitude",),
-                **_vs_explicit(
-                    o,
-                    f"domain/magnitude/attn/s={s:g}",
-                    attn,
-                    partial(attn, x),
-                    desc=f"attention B=2 T=30 f64, inputs and weights x{s:g}",
-                    stages=4,
-                    reduction=max(30, _bound(attn, x)),
-                ),
-            )
-            o.call(
-                f"domain/magnitude/gpt/s={s:g}",
-                partial(gpt, ids),
-                axes=("magnitude",),
-                **_vs_explicit(
-                    o,
-                    f"domain/magnitude/gpt/s={s:g}",
-                    gpt,
-                    partial(gpt, ids),
-                    desc=f"GPT B=2 T=20 f64, weights x{s:g}",
-                    stages=STAGES,
-                    reduction=max(SMALL.d_ff, SMALL.V, 20, _gpt_bound(gpt, ids)),
-                ),
-            )
+            _both(o, f"domain/magnitude/attn/s={s:g}", attn, partial(attn, x),
+                  f"attention B=2 T=30 f64, inputs and weights x{s:g}", stages=4,
+                  reduction=top, axes=("magnitude",))  # fmt: skip
 
 
 def _autocast_backward(attn: Any, x: torch.Tensor) -> dict[str, Any]:
@@ -189,28 +131,14 @@ def _dtypes(o: Oracle) -> None:
     if not o.wants("domain/dtype/f32"):
         return
     x = o.randn(2, 30, ATTN.C, tag="dtype-x")  # (2, 30, C) float64
+    axes = ("dtype",)
     with torch.no_grad():
-        for dtype, short in (
-            (torch.float32, "f32"),
-            (torch.float16, "f16"),
-            (torch.bfloat16, "bf16"),
-        ):
+        for dtype, short in ((torch.float32, "f32"), (torch.float16, "f16"),
+                             (torch.bfloat16, "bf16")):  # fmt: skip
             attn = _attn(o, ATTN, "dtype-w", dtype)
-            o.call(
-                f"domain/dtype/{short}",
-                partial(attn, x.to(dtype)),
-                axes=("dtype",),
-                **_vs_explicit(
-                    o,
-                    f"domain/dtype/{short}",
-                    attn,
-                    partial(attn, x.to(dtype)),
-                    desc=f"{short} attention B=2 T=30",
-                    stages=4,
-                    reduction=30,
-                    computes_in=dtype,
-                ),
-            )
+            _both(o, f"domain/dtype/{short}", attn, partial(attn, x.to(dtype)),
+                  f"{short} attention B=2 T=30", stages=4, reduction=30, axes=axes,
+                  computes_in=dtype)  # fmt: skip
         attn = _attn(o, ATTN, "dtype-w", torch.float32)
         for dtype, short in ((torch.bfloat16, "bf16"), (torch.float16, "f16")):
 
@@ -218,59 +146,24 @@ def _dtypes(o: Oracle) -> None:
                 with torch.autocast("cpu", dtype=dtype):
                     return attn(x.float())
 
-            o.call(
-                f"domain/dtype/autocast-{short}",
-                autocast,
-                axes=("dtype",),
-                **_vs_explicit(
-                    o,
-                    f"domain/dtype/autocast-{short}",
-                    attn,
-                    autocast,
-                    desc=f"f32 attention B=2 T=30 under {short} autocast",
-                    stages=4,
-                    reduction=30,
-                    computes_in=dtype,
-                ),
-            )
-        gpt = _gpt(o, SMALL, "dtype-gpt", torch.float32)
+            _both(o, f"domain/dtype/autocast-{short}", attn, autocast,
+                  f"f32 attention B=2 T=30 under {short} autocast", stages=4, reduction=30,
+                  axes=axes, computes_in=dtype)  # fmt: skip
+        gpt = sweeps.model(o, TABLE, SMALL, "dtype-gpt", torch.float32)
         ids = o.randint(SMALL.V, 2, 20, tag="dtype-ids")  # (2, 20)
 
         def gpt_autocast() -> Any:
             with torch.autocast("cpu", dtype=torch.bfloat16):
                 return gpt(ids)
 
-        o.call(
-            "domain/dtype/gpt-autocast-bf16",
-            gpt_autocast,
-            axes=("dtype",),
-            **_vs_explicit(
-                o,
-                "domain/dtype/gpt-autocast-bf16",
-                gpt,
-                gpt_autocast,
-                desc="f32 GPT B=2 T=20 under bfloat16 autocast",
-                stages=STAGES,
-                reduction=24,
-                computes_in=torch.bfloat16,
-            ),
-        )
+        _both(o, "domain/dtype/gpt-autocast-bf16", gpt, gpt_autocast,
+              "f32 GPT B=2 T=20 under bfloat16 autocast", stages=STAGES, reduction=24,
+              axes=axes, computes_in=torch.bfloat16)  # fmt: skip
     attn.train()
-    o.call(
-        "domain/dtype/autocast-bf16-backward",
-        partial(_autocast_backward, attn, x.float()),
-        axes=("dtype",),
-        **_vs_explicit(
-            o,
-            "domain/dtype/autocast-bf16-backward",
-            attn,
-            partial(_autocast_backward, attn, x.float()),
-            desc="f32 attention train under bfloat16 autocast, backward",
-            stages=8,
-            reduction=60,
-            computes_in=torch.bfloat16,
-        ),
-    )
+    _both(o, "domain/dtype/autocast-bf16-backward", attn,
+          partial(_autocast_backward, attn, x.float()),
+          "f32 attention train under bfloat16 autocast, backward", stages=8, reduction=60,
+          axes=axes, computes_in=torch.bfloat16)  # fmt: skip
 
 
 def _layout(o: Oracle) -> None:
@@ -284,20 +177,9 @@ def _layout(o: Oracle) -> None:
     }
     with torch.no_grad():
         for what, x in inputs.items():
-            o.call(
-                f"domain/layout/{what}",
-                partial(attn, x),
-                axes=("layout",),
-                **_vs_explicit(
-                    o,
-                    f"domain/layout/{what}",
-                    attn,
-                    partial(attn, x),
-                    desc=f"{what} (non-contiguous) input, f64 eval",
-                    stages=4,
-                    reduction=30,
-                ),
-            )
+            _both(o, f"domain/layout/{what}", attn, partial(attn, x),
+                  f"{what} (non-contiguous) input, f64 eval", stages=4, reduction=30,
+                  axes=("layout",))  # fmt: skip
     q = o.randn(2, 9, 2, 8, tag="layout-q").transpose(1, 2)  # (2, 2, 9, 8)
     k = o.randn(2, 2, 8, 13, tag="layout-k").transpose(2, 3)  # (2, 2, 13, 8)
     v = o.randn(13, 2, 2, 8, tag="layout-v").permute(1, 2, 0, 3)  # (2, 2, 13, 8)
@@ -312,44 +194,180 @@ def _layout(o: Oracle) -> None:
         )
 
 
-def _config(o: Oracle) -> None:
-    if not o.wants("domain/config/V"):
+def _backward(attn: Any, x: torch.Tensor) -> dict[str, Any]:
+    attn.zero_grad()
+    z = x.clone().requires_grad_(True)  # (B, T, C)
+    y = attn(z)  # (B, T, C)
+    y.square().sum().backward()
+    return {"out": y.detach(), "dx": z.grad, **{n: p.grad for n, p in attn.named_parameters()}}
+
+
+def _modes(o: Oracle) -> None:
+    if not o.wants("domain/modes/eval"):
         return
-    for field, change, cfg in sweeps.config_changes(SMALL, sweeps.MODEL_FIELDS):
-        gpt = _gpt(o, cfg, f"config-w-{field}")
-        t = min(cfg.T, 30)
-        z = o.randint(cfg.V, 2, t, tag=f"config-ids-{field}")  # (2, t)
-        with torch.no_grad():
-            o.call(
-                f"domain/config/{field}",
-                partial(gpt, z),
-                axes=("config",),
-                **_vs_explicit(
-                    o,
-                    f"domain/config/{field}",
-                    gpt,
-                    partial(gpt, z),
-                    desc=f"fast GPT B=2 T={t} {field} = {change[field]} f64 eval",
-                    stages=7 * cfg.L + 2,
-                    reduction=max(cfg.d_ff, cfg.C, cfg.V, t),
-                ),
-            )
+    attn = _attn(o, ATTN, "modes-w")
+    x = o.randn(2, 30, ATTN.C, tag="modes-x")  # (2, 30, C)
+    axes = ("modes",)
+    for mode, ctx in (("eval", None), ("no_grad", torch.no_grad),
+                      ("inference_mode", torch.inference_mode)):  # fmt: skip
+        desc = "f64 eval" + (f" under {mode}" if ctx else "")
+        with ctx() if ctx else contextlib.nullcontext():
+            _both(o, f"domain/modes/{mode}", attn, partial(attn, x), desc, stages=4,
+                  reduction=30, axes=axes)  # fmt: skip
+    attn.train()  # dropout 0: training mode, nothing random
+    _both(o, "domain/modes/train", attn, partial(_backward, attn, x), "f64 train, backward",
+          stages=8, reduction=60, axes=axes)  # fmt: skip
+    with torch.no_grad():
+
+        def enabled() -> Any:
+            with torch.enable_grad():
+                return _backward(attn.eval(), x)
+
+        _both(o, "domain/modes/enable_grad", attn, enabled,
+              "f64 eval, enable_grad inside no_grad, backward", stages=8, reduction=60,
+              axes=axes)  # fmt: skip
+    drop = _attn(o, dataclasses.replace(ATTN, dropout=0.3), "modes-drop").train()
+    later = x.clone()  # (2, 30, C)
+    later[:, 12:] = 100.0 * o.randn(2, 18, ATTN.C, tag="modes-far")
+    sweeps.causal_pair(
+        o,
+        ("domain/modes/dropout", "domain/modes/dropout-later"),
+        (partial(drop, x), partial(drop, later)),
+        12,
+        desc=("f64 train, dropout 0.3", "f64 train, dropout 0.3, inputs 12.. x100"),
+        stages=4,
+        reduction=30,
+        compare=(),
+        axes=axes,
+    )
 
 
-def _use() -> Any:
-    """``fastpath_oracle_domain_use.py`` beside this file: modes, grad2, history, errors."""
-    path = Path(__file__).with_name("fastpath_oracle_domain_use.py")
-    spec = importlib.util.spec_from_file_location("_fastpath_oracle_domain_use", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def _hvp(o: Oracle, attn: Any, x: torch.Tensor, tag: str) -> dict[str, Any]:
+    """``y``, the input gradient and H v for the input and every parameter (math backend)."""
+    with backends([SDPBackend.MATH]):  # a non-leaf input (FLOP counting's module hooks)
+        return dict(sweeps.output_hvp(o, attn, x, tag, out="out", feed=lambda z: z * 1.0))
+
+
+def _grad2(o: Oracle) -> None:
+    if not o.wants("domain/grad2/attn"):
+        return
+    attn = _attn(o, ATTN, "grad2-w").train()
+    x = 2.0 * o.randn(2, 17, ATTN.C, tag="grad2-x")  # (2, 17, C)
+    name, fn = "domain/grad2/attn", partial(_hvp, o, attn, x, "grad2")
+    explicit, fast = _explicit_and_fast(o, name, attn, fn)
+    desc = "fast attention B=2 T=17 f64 train: H v (x, parameters), SDPA math backend"
+    sweeps.judge(o, name, [explicit], desc, stages=4 * 4, reduction=40, axes=("grad2",))
+    o.call(name, fast.fn, desc=fast.says.format(desc), stages=4 * 4, reduction=40,
+           axes=("grad2",), **fast.extra)  # fmt: skip
+
+
+def _history(o: Oracle) -> None:
+    if not o.wants("domain/history/long/eval"):
+        return
+    cfg = ModelConfig(V=2, T=8, C=8, H=2, dropout=0.0)
+    attn = _attn(o, cfg, "hist-w").train()
+    x = o.randn(2, 8, 8, tag="hist-x")  # (2, 8, 8)
+
+    def warm_up() -> None:
+        for _ in range(TRAINING_CALLS):  # one fast module's long training run
+            attn(x).square().mean().backward()
+
+    sweeps.one_thread(warm_up)
+    attn.eval()
+    with torch.no_grad():
+        _both(o, "domain/history/long/eval", attn, partial(attn, x),
+              f"fast attention f64 eval after {TRAINING_CALLS} training calls", stages=4,
+              reduction=8, axes=("history",))  # fmt: skip
+    attn.train()
+    later = x.clone()  # (2, 8, 8)
+    later[:, 3:] += 1.0
+    sweeps.causal_pair(
+        o,
+        ("domain/history/long/train", "domain/history/long/later"),
+        (partial(attn, x), partial(attn, later)),
+        3,
+        desc=("f64 train after the long run", "f64 train after the long run, inputs 3.. changed"),
+        stages=4,
+        reduction=8,
+        axes=("history",),
+    )
+    gpt = sweeps.model(o, TABLE, SMALL, "hist-gpt")
+    fresh = sweeps.reloaded(TABLE, gpt, SMALL)
+    ids = o.randint(SMALL.V, 2, 20, tag="hist-ids")  # (2, 20)
+    with torch.no_grad():
+        o.call(
+            "domain/history/reloaded",
+            partial(fresh, ids),
+            stages=STAGES,
+            reduction=24,
+            desc="fast GPT loaded from a saved state_dict, f64 eval",
+            axes=("history",),
+            relations=[
+                o.equal(("domain/history/reloaded", "out", ()), ("domain/history/saved", "out", ()))
+            ],
+        )
+        o.call(
+            "domain/history/saved",
+            partial(gpt, ids),
+            stages=STAGES,
+            reduction=24,
+            desc="the fast GPT that was saved, f64 eval",
+            axes=("history",),
+        )
+    other = _attn(o, dataclasses.replace(cfg, C=12, H=3, T=16), "hist-w2")
+    sweeps.in_turn(
+        o,
+        (attn, x),
+        (other, o.randn(1, 16, 12, tag="hist-x2")),  # (1, 16, 12)
+        lambda m, z, _: partial(m, z),
+        desc="two fast modules called in turn, round {round}, module {who}",
+        stages=4,
+        reduction=16,
+    )
+
+
+class _Own(CausalSelfAttention):
+    """A subclass of the attention the fast path does not know."""
+
+
+def _errors(o: Oracle) -> dict[str, Any]:
+    attn = _attn(o, ATTN, "errors-w", torch.float32)
+    x = torch.zeros(1, 4, ATTN.C)  # (1, 4, C)
+    q = torch.zeros(1, 2, 5, 8)  # (1, 2, 5, 8)
+    return {
+        "fast-unknown-subclass": partial(use_fast_attention, _Own(ATTN)),
+        "explicit-unknown-subclass": partial(use_explicit_attention, _Own(ATTN)),
+        "explicit-not-a-module": partial(use_explicit_attention, cast(Any, "gpt")),
+        "x-rank2": partial(attn, x[0]),
+        "x-width": partial(attn, x[..., :8]),
+        "x-too-long": partial(attn, torch.zeros(1, 41, ATTN.C)),
+        "x-empty": partial(attn, x[:, :0]),
+        "x-float64": partial(attn, x.double()),
+        "x-int": partial(attn, x.long()),
+        "x-meta": partial(attn, x.to("meta")),
+        "kernel-fewer-keys": partial(sdpa_kernel, q, q[:, :, :3], q[:, :, :3], 0.0, 1.0),
+    }
+
+
+TABLE = sweeps.ModelSweep(
+    build=lambda cfg: use_fast_attention(GPT(cfg)),
+    small=SMALL,
+    forward=_forward,
+    suffixes=("", "/explicit"),
+    label="fast GPT",
+    part="gpt/",
+    errors=_errors,
+    scenarios={
+        "magnitude": _magnitude,
+        "dtype": _dtypes,
+        "layout": _layout,
+        "modes": _modes,
+        "grad2": _grad2,
+        "history": _history,
+    },
+)
 
 
 def calls(o: Oracle) -> None:
     """Every ``domain/...`` call of the fastpath stage's oracle."""
-    _magnitude(o)
-    _dtypes(o)
-    _layout(o)
-    _config(o)
-    _use().calls(o)
+    sweeps.model_sweeps(o, TABLE)

@@ -1,37 +1,37 @@
-"""The padding stage's domain sweeps (spec 3.5, issue 28; maintainer-owned).
+"""The padding stage's domain sweeps (loaded by ``padding_oracle.calls``; ``domain/...``).
 
-``calls(o)`` runs after the driver's earlier calls (``padding_oracle.py``
-chains it), one call group per axis the spec declares in
-``[oracle].axes``; each call names the axis it sweeps (``contracts check``
+Each call names the spec's ``[oracle].axes`` it sweeps (``contracts check``
 refuses the spec when one is never named). The earlier calls already sweep
 ``combos`` (fast path x KV cache x key mask x positions x padding through
 padded ``generate``, ``combos/...``) and part of ``errors`` (``bad/...``),
 tagged there. All compared with the base's answers, in float64 unless the
 axis is the dtype; padded forwards also keep the stage's invariants (each
-row's real logits those of the row alone, padded positions exactly 0):
+row's real logits those of the row alone, padded positions exactly 0). The
+model sweep's table (``specs/_kit/speckit_model_sweeps.py``) calls
+``padded_forward`` so, and follows it with a padded generate call: weights
+scaled up to x1000 (greedy), a float32 and a float16 model and a float32 one
+under bfloat16 autocast, every ``ModelConfig`` field away from its default
+(sampled), train (dropout off), eval, ``no_grad`` and ``inference_mode``,
+every bad argument the spec documents raising as the base. What is the
+stage's own:
 
-- magnitude: weights scaled by 1, 10, 30, 100 and 1000 (padded forward and
-  greedy padded generate); ``padded_cross_entropy`` and its gradient on
-  logits scaled up to 1e30 in float32 and 1e300 in float64, where each dtype
-  is still finite;
-- dtype: a float32 and a float16 model, a float32 model under bfloat16
-  autocast, a bfloat16 model generating;
+- magnitude: ``padded_cross_entropy`` and its gradient on logits scaled up
+  to 1e30 in float32 and 1e300 in float64, where each dtype is still finite;
+- dtype: a bfloat16 model generating;
 - layout: non-contiguous ids, masks, prompts, logits and targets;
-- config: every ``ModelConfig`` field away from its default, padded forward
-  and padded generate;
-- modes: train (dropout off, then on with only the padded zeros compared) and
-  eval, ``no_grad``, ``inference_mode``, ``enable_grad`` (inside ``no_grad``,
-  a padded loss's backward); padded generate on a model in training mode;
+- modes: train with dropout on (only the padded zeros compared),
+  ``enable_grad`` (inside ``no_grad``, a padded loss's backward); padded
+  generate on a model in training mode;
 - grad2: Hessian-vector products of the padded loss, with respect to every
   parameter through ``padded_forward`` and with respect to the logits;
 - history: one model after 250 padded training calls (forward, padded loss,
   backward) and 60 padded generate calls; two models in turn; a model
-  rebuilt from a saved ``state_dict``;
-- errors: every bad argument the spec documents raises as the base raises it.
+  rebuilt from a saved ``state_dict``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 from functools import partial
 from pathlib import Path
@@ -41,7 +41,6 @@ import torch
 
 import niels_gpt.model.rope as rope
 from niels_gpt.config import ModelConfig
-from niels_gpt.model.blocks import Block
 from niels_gpt.model.gpt import GPT
 from niels_gpt.model.padding import (
     apply_rope_rows,
@@ -53,28 +52,21 @@ from niels_gpt.model.padding import (
 if TYPE_CHECKING:
     from niels_gpt_contracts.driverkit import Oracle
 
-_SWEEPS = importlib.util.spec_from_file_location(  # the maintainers' oracle sweeps, by path
-    "niels_speckit_sweeps", Path(__file__).parents[1] / "_kit" / "speckit_sweeps.py"
+_SWEEPS = importlib.util.spec_from_file_location(  # the maintainers' model sweep, by path
+    "niels_speckit_model_sweeps", Path(__file__).parents[1] / "_kit" / "speckit_model_sweeps.py"
 )
 assert _SWEEPS is not None and _SWEEPS.loader is not None
 sweeps = importlib.util.module_from_spec(_SWEEPS)
 _SWEEPS.loader.exec_module(sweeps)
 
-SCALES = (1.0, 10.0, 30.0, 100.0, 1000.0)
 LOGIT_SCALES = {torch.float32: (1.0, 10.0, 30.0, 1e3, 1e30), torch.float64: (1.0, 30.0, 1e300)}
 TRAINING_CALLS = 250
 GENERATE_CALLS = 60
 SMALL = ModelConfig(V=13, T=24, C=16, L=2, H=2, d_ff=24, dropout=0.0)
-STAGES = 7 * SMALL.L + 2
+STAGES = sweeps.depth(SMALL)
 PADS = (0, 7, 19)  # none, some, all but one of 20 columns
 FWD = ("no-sdpa-runtime",)
 GEN = ("no-sdpa-in-generate", "no-cat-in-generate")
-
-
-def _gpt(o: Oracle, cfg: ModelConfig, tag: str, dtype: torch.dtype = torch.float64) -> GPT:
-    gpt = GPT(cfg).to(dtype).eval()
-    o.load_weights(gpt, tag)
-    return gpt
 
 
 def _mask(pads: tuple[int, ...], t: int) -> torch.Tensor:
@@ -82,60 +74,46 @@ def _mask(pads: tuple[int, ...], t: int) -> torch.Tensor:
     return cols[None, :] >= torch.tensor(pads)[:, None]  # (B, t) bool, left-padded
 
 
-def _bound(gpt: GPT, ids: torch.Tensor) -> int:
-    """An upper bound of every attention score ``|q . k| / sqrt(D)`` of ``gpt`` on ``ids``."""
-    top = 0
-    with torch.no_grad():
-        h = gpt.tok_emb(ids)  # (B, T, C): the first block's input
-        for block in gpt.blocks:
-            attn = cast(Block, block).attn
-            q, k, _ = attn.qkv(cast(Block, block).ln1(h)).split(attn.cfg.C, dim=-1)  # (B, T, C)
-            score = q.norm(dim=-1).max() * k.norm(dim=-1).max() / attn.head_dim**0.5
-            top = max(top, int(score) + 1)
-            h = block(h)  # (B, T, C)
-    return top
-
-
 def _forward(
-    o: Oracle,
-    name: str,
-    gpt: GPT,
-    ids: torch.Tensor,
-    pads: tuple[int, ...],
-    *,
-    axes: tuple[str, ...],
-    desc: str,
-    reduction: int,
-    computes_in: torch.dtype | None = None,
-) -> None:
-    """A padded forward, equal row by row to each row alone and exactly 0 at pads."""
+    o: Oracle, name: str, gpt: GPT, ids: torch.Tensor, pads: tuple[int, ...] = PADS
+) -> list[Any]:
+    """The table's forward: a padded forward (``name``), equal row by row to each row alone
+    (the most padded one, ``name/alone``) and exactly 0 at pads (invariants)."""
     t = ids.shape[1]
-    stages = 7 * gpt.cfg.L + 2
     relations = [o.zero((name, "out", ((0, b, b + 1), (1, 0, p)))) for b, p in enumerate(pads)]
     b, p = len(pads) - 1, pads[-1]  # the most padded row, alone
-    o.call(
-        f"{name}/alone",
-        partial(padded_forward, gpt, ids[b : b + 1, p:], None),
-        desc=f"{desc}: row {b} alone",
-        stages=stages,
-        reduction=reduction,
-        computes_in=computes_in,
-        axes=axes,
-    )
     relations.append(
         o.equal((name, "out", ((0, b, b + 1), (1, p, t))), (f"{name}/alone", "out", ()))
     )
-    o.call(
-        name,
-        partial(padded_forward, gpt, ids, _mask(pads, t)),
-        desc=f"{desc}, pads {pads}",
-        stages=stages,
-        reduction=reduction,
-        rules=FWD,
-        computes_in=computes_in,
-        axes=axes,
-        relations=relations,
-    )
+    alone = partial(padded_forward, gpt, ids[b : b + 1, p:], None)
+    return [
+        sweeps.Call("/alone", alone, f"{{}}: row {b} alone"),
+        sweeps.Call(
+            "",
+            partial(padded_forward, gpt, ids, _mask(pads, t)),
+            f"{{}}, pads {pads}",
+            {"rules": FWD, "relations": relations},
+        ),
+    ]
+
+
+def _config_forward(o: Oracle, name: str, gpt: GPT, ids: torch.Tensor) -> list[Any]:
+    """The config sweep's forward: pads 0, 5 and all but one of the drawn length."""
+    return _forward(o, name, gpt, ids, (0, 5, ids.shape[1] - 1))
+
+
+def _generate(o: Oracle, name: str, gpt: GPT, ids: torch.Tensor, key: str) -> Any:
+    """After each magnitude forward a greedy padded generate, after each config one a
+    sampled one (a generator a row)."""
+    if name.startswith("domain/magnitude/"):
+        fn = partial(generate, gpt, ids[:, :8], _mask((0, 3, 7), 8), 10, temperature=0.0)
+        what = "greedy padded generate t=8 pads (0, 3, 7) new=10"
+    else:
+        rows = [o.generator(f"{key}{b}") for b in range(3)]
+        fn = partial(generate, gpt, ids[:, :6], _mask((0, 2, 5), 6), 6, temperature=1.0,
+                     generator=rows)  # fmt: skip
+        what = "padded generate t=6 pads (0, 2, 5) new=6 sampled a row each"
+    return sweeps.Call("/generate", fn, f"{what}, {{}}", {"rules": GEN})
 
 
 def _loss(logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> dict[str, Any]:
@@ -145,35 +123,9 @@ def _loss(logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> di
     return {"loss": loss.detach(), "grad": z.grad}
 
 
-def _magnitude(o: Oracle) -> None:
-    if not o.wants("domain/magnitude/s=1"):
+def _loss_magnitude(o: Oracle) -> None:
+    if not o.wants("domain/magnitude/loss/float64/s=1"):
         return
-    ids = o.randint(SMALL.V, 3, 20, tag="mag-ids")  # (3, 20)
-    for s in SCALES:
-        gpt = GPT(SMALL).double().eval()
-        o.load_weights(gpt, "mag-gpt", scale=s / SMALL.C**0.5)  # weights x s
-        m = max(SMALL.d_ff, SMALL.V, 20, _bound(gpt, ids))
-        about = f"GPT B=3 T=20 C=16 L=2 f64 eval, weights x{s:g}"
-        with torch.no_grad():
-            _forward(
-                o,
-                f"domain/magnitude/s={s:g}",
-                gpt,
-                ids,
-                PADS,
-                axes=("magnitude",),
-                desc=about,
-                reduction=m,
-            )
-        o.call(
-            f"domain/magnitude/s={s:g}/generate",
-            partial(generate, gpt, ids[:, :8], _mask((0, 3, 7), 8), 10, temperature=0.0),
-            desc=f"greedy padded generate t=8 pads (0, 3, 7) new=10, {about}",
-            stages=STAGES,
-            reduction=m,
-            rules=GEN,
-            axes=("magnitude",),
-        )
     logits = 3.0 * o.randn(3, 9, 40, tag="mag-logits")  # (3, 9, 40)
     targets = o.randint(40, 3, 9, tag="mag-targets")  # (3, 9)
     mask = _mask((0, 4, 8), 9)  # (3, 9)
@@ -190,49 +142,15 @@ def _magnitude(o: Oracle) -> None:
             )
 
 
-def _dtypes(o: Oracle) -> None:
-    if not o.wants("domain/dtype/f32"):
+def _generate_bf16(o: Oracle) -> None:
+    if not o.wants("domain/dtype/bf16/generate"):
         return
     ids = o.randint(SMALL.V, 3, 20, tag="dtype-ids")  # (3, 20)
-    with torch.no_grad():
-        for dtype, short in ((torch.float32, "f32"), (torch.float16, "f16")):
-            gpt = _gpt(o, SMALL, "dtype-w", dtype)
-            _forward(
-                o,
-                f"domain/dtype/{short}",
-                gpt,
-                ids,
-                PADS,
-                axes=("dtype",),
-                desc=f"{short} model eval",
-                reduction=24,
-                computes_in=dtype,
-            )
-        gpt = _gpt(o, SMALL, "dtype-w", torch.float32)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            _forward(
-                o,
-                "domain/dtype/autocast-bf16",
-                gpt,
-                ids,
-                PADS,
-                axes=("dtype",),
-                desc="f32 model under bfloat16 autocast",
-                reduction=24,
-                computes_in=torch.bfloat16,
-            )
-    gpt = _gpt(o, SMALL, "dtype-w", torch.bfloat16)
+    gpt = sweeps.model(o, TABLE, SMALL, "dtype-w", torch.bfloat16)
+    prompt, mask = ids[:, :8], _mask((0, 3, 7), 8)  # (3, 8) each
     o.call(
         "domain/dtype/bf16/generate",
-        partial(
-            generate,
-            gpt,
-            ids[:, :8],
-            _mask((0, 3, 7), 8),
-            9,
-            temperature=1e-4,
-            generator=o.generator("bf16"),
-        ),
+        partial(generate, gpt, prompt, mask, 9, temperature=1e-4, generator=o.generator("bf16")),
         desc="bf16 model, padded generate t=8 new=9 at temperature 1e-4",
         stages=STAGES,
         reduction=24,
@@ -245,7 +163,7 @@ def _dtypes(o: Oracle) -> None:
 def _layout(o: Oracle) -> None:
     if not o.wants("domain/layout/ids-mask-transposed"):
         return
-    gpt = _gpt(o, SMALL, "layout-w")
+    gpt = sweeps.model(o, TABLE, SMALL, "layout-w")
     ids = o.randint(SMALL.V, 20, 3, tag="layout-ids").t()  # (3, 20), non-contiguous
     mask = _mask(PADS, 20).t().contiguous().t()  # (3, 20), non-contiguous
     prompt = o.randint(SMALL.V, 3, 16, tag="layout-prompt")[:, ::2]  # (3, 8), strided
@@ -259,6 +177,7 @@ def _layout(o: Oracle) -> None:
             rules=FWD,
             axes=("layout",),
         )
+    rows = [o.generator(f"layout{b}") for b in range(3)]
     o.call(
         "domain/layout/prompt-strided",
         partial(
@@ -268,7 +187,7 @@ def _layout(o: Oracle) -> None:
             _mask((0, 2, 5), 8).t().contiguous().t(),
             8,
             temperature=0.9,
-            generator=[o.generator(f"layout{b}") for b in range(3)],
+            generator=rows,
         ),
         desc="padded generate from a strided (3, 8) prompt and a transposed mask, sampled",
         stages=STAGES,
@@ -299,59 +218,225 @@ def _layout(o: Oracle) -> None:
     )
 
 
-def _config(o: Oracle) -> None:
-    if not o.wants("domain/config/V"):
+def _train_loss(gpt: GPT, ids: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> Any:
+    gpt.zero_grad()
+    logits = padded_forward(gpt, ids, mask)  # (B, t, V)
+    assert isinstance(logits, torch.Tensor)
+    loss = padded_cross_entropy(logits, targets, mask)
+    torch.autograd.backward(loss)
+    return {"loss": loss.detach(), **{n: p.grad for n, p in gpt.named_parameters()}}
+
+
+def _modes(o: Oracle) -> None:
+    own = ("train-dropout", "train-generate", "enable_grad")
+    if not any(o.wants(f"domain/modes/{mode}") for mode in own):
         return
-    for field, change, cfg in sweeps.config_changes(SMALL, sweeps.MODEL_FIELDS):
-        gpt = _gpt(o, cfg, f"config-w-{field}")
-        t = min(cfg.T, 30)
-        z = o.randint(cfg.V, 3, t, tag=f"config-ids-{field}")  # (3, t)
-        red = max(cfg.d_ff, cfg.C, cfg.V, t)
-        about = f"{field} = {change[field]} f64 eval"
-        with torch.no_grad():
-            _forward(
-                o,
-                f"domain/config/{field}",
-                gpt,
-                z,
-                (0, 5, t - 1),
-                axes=("config",),
-                desc=f"GPT B=3 T={t} {about}",
-                reduction=red,
-            )
+    gpt = sweeps.model(o, TABLE, SMALL, "modes-w").train()  # dropout 0: nothing random
+    ids = o.randint(SMALL.V, 3, 20, tag="modes-ids")  # (3, 20)
+    targets = o.randint(SMALL.V, 3, 20, tag="modes-targets")  # (3, 20)
+    drop = sweeps.model(o, TABLE, dataclasses.replace(SMALL, dropout=0.3), "modes-drop").train()
+    with torch.no_grad():
         o.call(
-            f"domain/config/{field}/generate",
-            partial(
-                generate,
-                gpt,
-                z[:, :6],
-                _mask((0, 2, 5), 6),
-                6,
-                temperature=1.0,
-                generator=[o.generator(f"{field}{b}") for b in range(3)],
-            ),
-            desc=f"padded generate t=6 new=6 sampled a row each, {about}",
-            stages=7 * cfg.L + 2,
-            reduction=red,
+            "domain/modes/train-dropout",
+            partial(padded_forward, drop, ids, _mask(PADS, 20)),
+            desc="f64 train, dropout 0.3: only the padded zeros are judged",
+            stages=STAGES,
+            reduction=24,
+            rules=FWD,
+            compare=(),
+            axes=("modes",),
+            relations=[
+                o.zero(("domain/modes/train-dropout", "out", ((0, b, b + 1), (1, 0, p))))
+                for b, p in enumerate(PADS)
+            ],
+        )
+        o.call(
+            "domain/modes/train-generate",
+            partial(generate, gpt, ids[:, :8], _mask((0, 3, 7), 8), 8, temperature=0.0),
+            desc="greedy padded generate t=8 new=8 on a model in training mode",
+            stages=STAGES,
+            reduction=24,
             rules=GEN,
-            axes=("config",),
+            axes=("modes",),
+        )
+
+        def enabled() -> Any:
+            with torch.enable_grad():
+                return _train_loss(gpt.eval(), ids, targets, _mask(PADS, 20))
+
+        o.call(
+            "domain/modes/enable_grad",
+            enabled,
+            desc="f64 eval, enable_grad inside no_grad: padded loss, backward",
+            stages=2 * STAGES,
+            reduction=40,
+            axes=("modes",),
         )
 
 
-def _use() -> Any:
-    """``padding_oracle_domain_use.py`` beside this file: modes, grad2, history, errors."""
-    path = Path(__file__).with_name("padding_oracle_domain_use.py")
-    spec = importlib.util.spec_from_file_location("_padding_oracle_domain_use", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def _hvp(o: Oracle, gpt: GPT, ids: torch.Tensor, mask: torch.Tensor) -> dict[str, Any]:
+    """The padded loss, its parameter and logit gradients, and H v for both."""
+    names, params = zip(*gpt.named_parameters(), strict=True)
+    logits = padded_forward(gpt, ids, mask)  # (B, t, V)
+    assert isinstance(logits, torch.Tensor)
+    targets = o.randint(gpt.cfg.V, *ids.shape, tag="grad2-targets")  # (B, t)
+    wrt = [logits, *params]
+    loss = padded_cross_entropy(logits, targets, mask)
+    first = torch.autograd.grad(loss, wrt, create_graph=True)
+    second = sweeps.hessian_vector(o, first, wrt, "grad2")
+    out: dict[str, Any] = {"loss": loss.detach(), "hvp.logits": second[0]}
+    out.update({f"grad.{n}": g.detach() for n, g in zip(names, first[1:], strict=True)})
+    out.update({f"hvp.{n}": h for n, h in zip(names, second[1:], strict=True)})
+    return out
+
+
+def _grad2(o: Oracle) -> None:
+    if not o.wants("domain/grad2/padded-loss"):
+        return
+    gpt = sweeps.model(o, TABLE, SMALL, "grad2-w").train()
+    ids = o.randint(SMALL.V, 3, 14, tag="grad2-ids")  # (3, 14)
+    o.call(
+        "domain/grad2/padded-loss",
+        partial(_hvp, o, gpt, ids, _mask((0, 5, 13), 14)),
+        desc="GPT B=3 T=14 pads (0, 5, 13) f64 train, padded loss: H v (logits, parameters)",
+        stages=4 * STAGES,
+        reduction=48,
+        axes=("grad2",),
+    )
+
+
+def _history(o: Oracle) -> None:
+    if not o.wants("domain/history/long"):
+        return
+    cfg = ModelConfig(V=7, T=12, C=8, L=1, H=2, d_ff=8, dropout=0.0)
+    gpt = sweeps.model(o, TABLE, cfg, "hist-w").train()
+    ids = o.randint(cfg.V, 3, 10, tag="hist-ids")  # (3, 10)
+    targets = o.randint(cfg.V, 3, 10, tag="hist-targets")  # (3, 10)
+    pads = (0, 4, 9)
+    mask = _mask(pads, 10)  # (3, 10)
+
+    def warm_up() -> None:
+        for _ in range(TRAINING_CALLS):  # one model's long padded training run
+            logits = padded_forward(gpt, ids, mask)  # (3, 10, V)
+            assert isinstance(logits, torch.Tensor)
+            torch.autograd.backward(padded_cross_entropy(logits, targets, mask))
+        g = o.generator("hist-many")
+        for i in range(GENERATE_CALLS):  # and many padded generate calls
+            generate(gpt, ids[:, :5], _mask((0, 2, 4), 5), 1 + i % 2, temperature=1.0, generator=g)
+
+    sweeps.one_thread(warm_up)
+    gpt.eval()
+    about = f"after {TRAINING_CALLS} padded training calls and {GENERATE_CALLS} generate calls"
+    judged: dict[str, Any] = {"stages": 9, "reduction": 12, "axes": ("history",)}
+    with torch.no_grad():
+        name = "domain/history/long"
+        sweeps.judge(o, name, _forward(o, name, gpt, ids, pads), f"f64 eval {about}", **judged)
+    rows = [o.generator(f"hist{b}") for b in range(3)]
+    o.call(
+        "domain/history/long/generate",
+        partial(generate, gpt, ids[:, :5], _mask((0, 2, 4), 5), 7, temperature=1.0, generator=rows),
+        desc=f"padded generate t=5 new=7 sampled a row each, {about}",
+        stages=9,
+        reduction=12,
+        rules=GEN,
+        axes=("history",),
+    )
+    fresh, name = sweeps.reloaded(TABLE, gpt, cfg), "domain/history/reloaded"
+    with torch.no_grad():
+        sweeps.judge(o, name, _forward(o, name, fresh, ids, pads),
+                     "a fresh model loaded from a saved state_dict", **judged)  # fmt: skip
+    other = sweeps.model(o, TABLE, dataclasses.replace(cfg, V=11, C=12, H=3, T=16), "hist-w2")
+    sweeps.in_turn(
+        o,
+        (gpt, (ids, pads)),
+        (other, (o.randint(11, 2, 9, tag="hist-ids2"), (3, 0))),  # (2, 9)
+        lambda m, z, _: partial(padded_forward, m, z[0], _mask(z[1], z[0].shape[1])),
+        desc="two models in turn, round {round}, model {who}, f64 eval, padded",
+        stages=9,
+        reduction=16,
+        rules=FWD,
+    )
+
+
+def _errors(o: Oracle) -> dict[str, Any]:
+    cfg = ModelConfig(V=10, T=8, C=16, H=2, L=2, d_ff=16)
+    gpt = sweeps.model(o, TABLE, cfg, "errors-w", torch.float32)
+    ids = torch.zeros(2, 4, dtype=torch.int64)  # (2, 4)
+    mask = _mask((0, 1), 4)  # (2, 4)
+    logits = torch.zeros(2, 4, 10)  # (2, 4, 10)
+    sin, cos = rope.rope_cache(16, 8)
+    q = torch.zeros(2, 2, 3, 8)  # (2, 2, 3, 8)
+    pos = torch.zeros(2, 3, dtype=torch.int64)  # (2, 3)
+    return {
+        "forward-not-gpt": partial(padded_forward, cast(Any, gpt.blocks[0]), ids, mask),
+        "forward-ids-int32": partial(padded_forward, gpt, ids.int(), mask),
+        "forward-ids-range": partial(padded_forward, gpt, ids + 10, mask),
+        "forward-ids-rank1": partial(padded_forward, gpt, ids[0], mask[0]),
+        "forward-too-long": partial(
+            padded_forward, gpt, torch.zeros(2, 9, dtype=torch.int64), None
+        ),
+        "forward-mask-meta": partial(padded_forward, gpt, ids, mask.to("meta")),
+        "forward-mask-float": partial(padded_forward, gpt, ids, mask.double()),
+        "generate-mask-empty-row": partial(generate, gpt, ids, _mask((0, 4), 4), 1),
+        "forward-mask-holes": partial(
+            padded_forward, gpt, ids, torch.tensor([[True, False, True, True]] * 2)
+        ),
+        "forward-trace-bool": partial(padded_forward, gpt, ids, mask, trace_layer=True),
+        "forward-trace-past": partial(padded_forward, gpt, ids, mask, trace_layer=2),
+        "generate-too-long": partial(generate, gpt, ids, mask, 5),
+        "generate-mask-shape": partial(generate, gpt, ids, mask[:, :3], 1),
+        "generate-generators-short": partial(
+            generate, gpt, ids, mask, 1, generator=[torch.Generator()]
+        ),
+        "generate-generators-holding-int": partial(
+            generate, gpt, ids, mask, 1, generator=cast(Any, [torch.Generator(), 3])
+        ),
+        "generate-top_k-zero": partial(generate, gpt, ids, mask, 1, top_k=0),
+        "generate-eos-range": partial(generate, gpt, ids, mask, 1, eos_id=10),
+        "generate-new-bool": partial(generate, gpt, ids, mask, True),
+        "loss-rank2": partial(padded_cross_entropy, logits[0], ids[0], mask[0]),
+        "loss-int-logits": partial(padded_cross_entropy, logits.long(), ids, mask),
+        "loss-targets-int32": partial(padded_cross_entropy, logits, ids.int(), mask),
+        "loss-targets-shape": partial(padded_cross_entropy, logits, ids[:, :3], mask),
+        "loss-target-range": partial(padded_cross_entropy, logits, ids + 10, mask),
+        "loss-mask-shape": partial(padded_cross_entropy, logits, ids, mask[:1]),
+        "rows-rank3": partial(apply_rope_rows, q[0], q[0], sin, cos, pos),
+        "rows-k-shape": partial(apply_rope_rows, q, q[:, :, :2], sin, cos, pos),
+        "rows-int": partial(apply_rope_rows, q.long(), q.long(), sin, cos, pos),
+        "rows-odd-D": partial(apply_rope_rows, q[..., :7], q[..., :7], sin, cos, pos),
+        "rows-table-dtype": partial(apply_rope_rows, q, q, sin.double(), cos.double(), pos),
+        "rows-positions-int32": partial(apply_rope_rows, q, q, sin, cos, pos.int()),
+        "rows-positions-negative": partial(apply_rope_rows, q, q, sin, cos, pos - 1),
+        "rows-empty": partial(apply_rope_rows, q[:, :, :0], q[:, :, :0], sin, cos, pos[:, :0]),
+    }
+
+
+TABLE = sweeps.ModelSweep(
+    build=GPT,
+    small=SMALL,
+    forward=_forward,
+    suffixes=("", "/alone"),
+    config_forward=_config_forward,
+    batch=3,
+    dtypes={
+        "f32": (torch.float32, None),
+        "f16": (torch.float16, None),
+        "autocast-bf16": (torch.float32, torch.bfloat16),
+    },
+    modes=("eval", "no_grad", "inference_mode", "train"),
+    after=_generate,
+    errors=_errors,
+    scenarios={
+        "magnitude": _loss_magnitude,
+        "dtype": _generate_bf16,
+        "layout": _layout,
+        "modes": _modes,
+        "grad2": _grad2,
+        "history": _history,
+    },
+)
 
 
 def calls(o: Oracle) -> None:
     """Every ``domain/...`` call of the padding stage's oracle."""
-    _magnitude(o)
-    _dtypes(o)
-    _layout(o)
-    _config(o)
-    _use().calls(o)
+    sweeps.model_sweeps(o, TABLE)
