@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from niels_gpt.checks import InputError, check_features, check_length, check_like
+from niels_gpt.checks import InputError, check_features, check_length, check_like, is_index
 
 
 @pytest.mark.invariant("core.input_checks")
@@ -46,3 +46,18 @@ def test_check_length_names_what_it_checks() -> None:
         check_length(5, 4, what="prompt length")
     with pytest.raises(InputError, match=r"^sequence length t must be in \[1, 4\]"):
         check_length(5, 4)
+
+
+@pytest.mark.invariant("core.input_checks")
+def test_is_index_takes_ints_in_the_half_open_range_only() -> None:
+    assert is_index(0, 0, 3) and is_index(2, 0, 3)
+    assert not is_index(3, 0, 3)  # high is excluded
+    assert not is_index(-1, 0, 3)  # low is included, below it is not
+    assert is_index(10**9, 1, None)  # no upper bound
+    assert not is_index(0, 1, None)
+
+
+@pytest.mark.invariant("core.input_checks")
+@pytest.mark.parametrize("value", [True, False, 1.0, "1", None])
+def test_is_index_refuses_bools_and_non_ints(value: object) -> None:
+    assert not is_index(value, 0, None)

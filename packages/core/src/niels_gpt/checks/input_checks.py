@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["InputError", "check_features", "check_length", "check_like"]
+__all__ = ["InputError", "check_features", "check_length", "check_like", "is_index"]
 
 
 class InputError(AssertionError, ValueError, TypeError):
@@ -53,3 +53,15 @@ def check_like(x: torch.Tensor, name: str, reference: torch.Tensor, owner: str) 
         raise InputError(
             f"{name} device must match the {owner} parameters ({reference.device}), got {x.device}"
         )
+
+
+def is_index(value: object, low: int, high: int | None) -> bool:
+    """Whether ``value`` is an int (not a ``bool``) in ``[low, high)``, or ``>= low``
+    when ``high`` is None.
+
+    A predicate, not a check: callers raise their own ``InputError`` naming the
+    argument and its range. ``True`` is an int to Python but never an index here.
+    """
+    if isinstance(value, bool) or not isinstance(value, int):
+        return False
+    return low <= value and (high is None or value < high)
