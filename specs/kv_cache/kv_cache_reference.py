@@ -1,7 +1,7 @@
 """Float64 reference of the kv_cache stage's public API (maintainer-owned).
 
 The oracle's reference worker loads this file in place of both of the stage's
-modules, ``niels_gpt.model.kv_cache`` and its private ``niels_gpt.model._kv_sampling``
+modules, ``niels_gpt.model.kv_cache`` and its private ``niels_gpt.model.kv_cache._sampling``
 (nothing outside the stage imports the latter), for the calls ``reference_calls``
 of ``specs/kv_cache.toml`` names. It is written from that spec's API comments
 and seed 004, not from the stage's code:

@@ -2,7 +2,7 @@
 
 The oracle's reference worker loads this one file in place of each of the
 stage's three modules (``niels_gpt.model.padding`` and its private
-``_padding_frame`` and ``_padding_checks``, which nothing outside the stage
+``padding._frame`` and ``padding._checks``, which nothing outside the stage
 imports) for the calls ``reference_calls`` of ``specs/padding.toml`` names. It is
 written from that spec's API comments and seed 002, not from the stage's code,
 and it computes what the spec says a padded call equals rather than how the
