@@ -1,8 +1,8 @@
 """Causal multi-head self-attention with rotary position embeddings: the one attention.
 
 The code is in ``causal``; what a call beyond ``forward(x)`` brings (``KVCache``,
-the checks of a call) is in the stage's private ``niels_gpt.model._attention_call``.
-This package re-exports the public names.
+the checks of a call) is in the package's private ``_call``. This package
+re-exports the public names.
 """
 
 from __future__ import annotations

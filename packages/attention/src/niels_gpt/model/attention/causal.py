@@ -46,7 +46,7 @@ from torch import nn
 import niels_gpt.model.rope as rope
 from niels_gpt.checks import InputError, check_features, check_length, check_like
 from niels_gpt.config import ModelConfig
-from niels_gpt.model._attention_call import KVCache, check_call, rotate_at, rotate_rows
+from niels_gpt.model.attention._call import KVCache, check_call, rotate_at, rotate_rows
 
 __all__ = ["AttentionKernel", "CausalSelfAttention", "KVCache", "attention_modules", "rotate_rows"]
 
