@@ -19,8 +19,8 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from niels_gpt.checks import InputError
-from niels_gpt.model._kv_sampling import choose_next
 from niels_gpt.model.kv_cache import filter_logits
+from niels_gpt.model.kv_cache._sampling import choose_next
 
 Tol = Callable[[torch.dtype], dict[str, float]]
 NEG = float("-inf")

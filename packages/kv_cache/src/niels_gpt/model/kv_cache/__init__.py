@@ -1,8 +1,7 @@
 """Generation through per-layer KV caches: prefill once, then one token a step.
 
 The code is in ``cache``; the knobs' checks, ``filter_logits`` and the draw are in
-the stage's private ``niels_gpt.model._kv_sampling``. This package re-exports the
-public names.
+the package's private ``_sampling``. This package re-exports the public names.
 """
 
 from __future__ import annotations

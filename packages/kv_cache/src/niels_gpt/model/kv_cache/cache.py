@@ -19,15 +19,15 @@ from torch import nn
 
 from niels_gpt.checks import InputError
 from niels_gpt.config import ModelConfig
-from niels_gpt.model._kv_sampling import (
+from niels_gpt.model.attention import CausalSelfAttention, KVCache, attention_modules
+from niels_gpt.model.gpt import GPT
+from niels_gpt.model.kv_cache._sampling import (
     check_generate_args,
     check_generator,
     check_knobs,
     choose_next,
     filter_logits,
 )
-from niels_gpt.model.attention import CausalSelfAttention, KVCache, attention_modules
-from niels_gpt.model.gpt import GPT
 
 __all__ = [
     "KVCache",
