@@ -1,8 +1,8 @@
 """Left-padded batches: a padded forward, padded generation and a padded loss.
 
 The code is in ``padded``; a padded batch's frame and the argument checks are in
-the stage's private ``niels_gpt.model._padding_frame`` and
-``niels_gpt.model._padding_checks``. This package re-exports the public names.
+the package's private ``_frame`` and ``_checks``. This package re-exports the
+public names.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ row's logits do not depend on how much padding it got: they are the logits of
 the row alone, and every padded position's logits are exactly 0.
 
 The attention stage's one attention takes per-row positions and a key mask
-and reads a KV cache; ``_padding_frame`` hands it the batch's frame through
+and reads a KV cache; ``_frame`` hands it the batch's frame through
 forward pre-hooks for the length of a call, so ``GPT`` and ``Block`` run
 unchanged and no module changes class. ``generate`` is ``kv_cache.generate``
 run inside that frame: its caches (``t + max_new_tokens`` positions) hold the
@@ -30,7 +30,8 @@ import torch.nn.functional as F
 
 import niels_gpt.model.attention as attention
 import niels_gpt.model.kv_cache as kv_cache
-from niels_gpt.model._padding_checks import (
+from niels_gpt.model.gpt import GPT, AttnTrace
+from niels_gpt.model.padding._checks import (
     check_generate_args,
     check_loss_args,
     check_mask,
@@ -39,8 +40,7 @@ from niels_gpt.model._padding_checks import (
     check_tokens,
     check_trace_layer,
 )
-from niels_gpt.model._padding_frame import RowFrame, framed
-from niels_gpt.model.gpt import GPT, AttnTrace
+from niels_gpt.model.padding._frame import RowFrame, framed
 
 __all__ = ["apply_rope_rows", "generate", "padded_cross_entropy", "padded_forward"]
 
