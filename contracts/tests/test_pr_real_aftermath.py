@@ -80,7 +80,7 @@ def test_skipping_the_mask_fill_where_every_key_is_seen_is_kept(real_repo: RealR
     assert rows(out)["oracle:cpu"] == "KEPT"
 
 
-CALL = "packages/attention/src/niels_gpt/model/_attention_call/call.py"
+CALL = "packages/attention/src/niels_gpt/model/attention/_call.py"
 KEYS = "        self.keys = torch.zeros(shape, dtype=dtype, device=device)  # (B, H, max_len, D)\n"
 # A user's script: the bytes a GPT's KV caches keep alive once set up.
 CACHE_BYTES = """

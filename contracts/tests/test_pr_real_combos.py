@@ -22,7 +22,7 @@ from realkit import RealRepo, rows, rules_of
 pytestmark = pytest.mark.scenario  # nox -s test-scenarios; .ci/run runs a subset
 
 FAST = "packages/fastpath/src/niels_gpt/model/fastpath/sdpa.py"
-FRAME = "packages/padding/src/niels_gpt/model/_padding_frame/frame.py"
+FRAME = "packages/padding/src/niels_gpt/model/padding/_frame.py"
 VISIBLE = (
     "    visible = None if T == 1 else torch.ones(T, S, dtype=torch.bool, device=q.device)"
     ".tril(S - T)\n"

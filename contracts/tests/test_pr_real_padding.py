@@ -12,7 +12,7 @@ from realkit import RealRepo, rows, rules_of
 
 pytestmark = pytest.mark.scenario  # nox -s test-scenarios; .ci/run runs a subset
 
-PAD = "packages/padding/src/niels_gpt/model/_padding_frame/frame.py"
+PAD = "packages/padding/src/niels_gpt/model/padding/_frame.py"
 PADDING = "packages/padding/src/niels_gpt/model/padding/padded.py"
 PAD_TEST = "packages/padding/tests/test_padding.py"
 PAD_KEY = '            "key_mask": cols[None, :] >= pads,  # (B, p + n), True = a real key\n'

@@ -15,7 +15,7 @@ import pytest
 import refkit
 import refnarrow
 
-SAMPLING = "packages/kv_cache/src/niels_gpt/model/_kv_sampling/sampling.py"
+SAMPLING = "packages/kv_cache/src/niels_gpt/model/kv_cache/_sampling.py"
 GENERATE = "packages/kv_cache/src/niels_gpt/model/kv_cache/cache.py"
 
 

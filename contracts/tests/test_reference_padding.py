@@ -16,7 +16,7 @@ import refkit
 import refnarrow
 
 PADDING = "packages/padding/src/niels_gpt/model/padding/padded.py"
-FRAME = "packages/padding/src/niels_gpt/model/_padding_frame/frame.py"
+FRAME = "packages/padding/src/niels_gpt/model/padding/_frame.py"
 
 
 @pytest.mark.parametrize("seed", refkit.fixed_and_drawn(7))

@@ -189,7 +189,7 @@ def test_the_edits_are_followed_at_all() -> None:
 
 def test_an_edit_whose_text_is_gone_is_named() -> None:
     source = (
-        'PAD = "packages/padding/src/niels_gpt/model/_padding_frame/frame.py"\n'
+        'PAD = "packages/padding/src/niels_gpt/model/padding/_frame.py"\n'
         "def test_x(real_repo):\n"
         '    real_repo.replace(PAD, "import torch\\n", "import torch\\nimport os\\n")\n'
         '    real_repo.replace(PAD, "        for m in set_up:\\n", "")\n'
@@ -198,5 +198,5 @@ def test_an_edit_whose_text_is_gone_is_named() -> None:
     assert (followed, calls) == (2, 2)
     assert missing == [
         "test_x (line 4): '        for m in set_up:\\n' not in "
-        "packages/padding/src/niels_gpt/model/_padding_frame/frame.py"
+        "packages/padding/src/niels_gpt/model/padding/_frame.py"
     ]
