@@ -2,8 +2,8 @@
 
 A run produces ``Outcome`` rows (one per stage and check, each KEPT, BROKEN or
 NOT RUN) and the ``Violation`` records behind the BROKEN ones. Rule ids are
-stable strings: a fixed one is described by the module that emits it
-(``reporters.rule_index`` gathers them), a spec's rule ``<id>``
+stable strings: a fixed one is a ``rules.Rule`` defined beside the code that
+emits it (``reporters.rule_index`` reads the registry), a spec's rule ``<id>``
 (``static.<id>``, ``runtime.<id>``) by the spec that defines it
 (``SpecRule``, kept in ``Result.spec_rules`` stage by stage).
 """

@@ -47,7 +47,7 @@ from niels_gpt_contracts.errors import ConfigError, SpecErrors
 from niels_gpt_contracts.gitdiff import Change as PathChange
 from niels_gpt_contracts.gitdiff import GitRepo, RevisionTree, Tree, WorkingTree
 from niels_gpt_contracts.result import BROKEN, KEPT, Outcome, Result, Violation
-from niels_gpt_contracts.rules import RuleDoc
+from niels_gpt_contracts.rules import Rule
 from niels_gpt_contracts.spec import (
     SCHEMA_PATH,
     SPECS_DIR,
@@ -57,48 +57,55 @@ from niels_gpt_contracts.spec import (
     parse_spec,
 )
 
-# The rule ids this module emits, each with what SARIF shows of it
-# (``reporters.rule_index`` gathers every module's).
-RULE_DOCS: dict[str, RuleDoc] = {
-    "amendment.breaking": RuleDoc(
-        "A spec amendment breaks the contract without declaring it.",
-        "A commit with a 'Spec: <stage>' trailer amends that stage's spec. A removed or "
-        "renamed export or parameter, a changed default or return, a dropped invariant or "
-        "rule, a loosened rule, a wider may_change or edited evidence (acceptance tests, "
-        "drivers) is BREAKING: users and later PRs relied on it.",
-        "Add a 'Spec-Break: <reason>' trailer to the amending commit and bump the spec's "
-        "major version, or make the change additive (keyword-only parameters with "
-        "defaults that keep today's behaviour, new exports, invariants, rules).",
-    ),
-    "amendment.version": RuleDoc(
-        "A spec amendment's version does not match its change.",
-        "The spec's version is the contract's: a BREAKING change needs a major bump, an "
-        "ADDITIVE one at least a minor bump, and a version never goes down.",
-        "Set version in specs/<stage>.toml as the message says.",
-    ),
-    "amendment.trailer": RuleDoc(
-        "A spec changed without a 'Spec:' trailer naming its stage.",
-        "Every commit range that changes a stage's spec or its maintainers' evidence "
-        "(specs/<stage>.toml, specs/<stage>/) names the stage in a 'Spec: <stage>' trailer, "
-        "so the amendment is judged as one, and a trailer names an existing stage.",
-        "Add 'Spec: <stage>' to the amending commit's trailers, or fix the stage's name.",
-    ),
-    "amendment.path": RuleDoc(
-        "A spec amendment changes files outside the amended specs.",
-        "An amendment range may change only the named stages' specs/<stage>.toml and "
-        "specs/<stage>/ (and, for a declared break, packages/<stage>/tests/): code passed "
-        "off as an amendment would escape the stage gate.",
-        "Move the other changes into a stage PR ('Stage:' trailer) or a maintainers' change "
-        "of their own.",
-    ),
-    "amendment.invalid": RuleDoc(
-        "An amended spec is not valid.",
-        "The head's spec is validated with the base's schema: an amendment changes a "
-        "contract, not the schema that every contract follows, and it cannot remove a "
-        "stage.",
-        "Fix the key the message names.",
-    ),
-}
+# The rules this module emits, each with what SARIF shows of it; defining one
+# registers it (``rules.registry``).
+AMENDMENT_BREAKING = Rule(
+    "amendment.breaking",
+    "A spec amendment breaks the contract without declaring it.",
+    "A commit with a 'Spec: <stage>' trailer amends that stage's spec. A removed or "
+    "renamed export or parameter, a changed default or return, a dropped invariant or "
+    "rule, a loosened rule, a wider may_change or edited evidence (acceptance tests, "
+    "drivers) is BREAKING: users and later PRs relied on it.",
+    "Add a 'Spec-Break: <reason>' trailer to the amending commit and bump the spec's "
+    "major version, or make the change additive (keyword-only parameters with "
+    "defaults that keep today's behaviour, new exports, invariants, rules).",
+)
+
+AMENDMENT_VERSION = Rule(
+    "amendment.version",
+    "A spec amendment's version does not match its change.",
+    "The spec's version is the contract's: a BREAKING change needs a major bump, an "
+    "ADDITIVE one at least a minor bump, and a version never goes down.",
+    "Set version in specs/<stage>.toml as the message says.",
+)
+
+AMENDMENT_TRAILER = Rule(
+    "amendment.trailer",
+    "A spec changed without a 'Spec:' trailer naming its stage.",
+    "Every commit range that changes a stage's spec or its maintainers' evidence "
+    "(specs/<stage>.toml, specs/<stage>/) names the stage in a 'Spec: <stage>' trailer, "
+    "so the amendment is judged as one, and a trailer names an existing stage.",
+    "Add 'Spec: <stage>' to the amending commit's trailers, or fix the stage's name.",
+)
+
+AMENDMENT_PATH = Rule(
+    "amendment.path",
+    "A spec amendment changes files outside the amended specs.",
+    "An amendment range may change only the named stages' specs/<stage>.toml and "
+    "specs/<stage>/ (and, for a declared break, packages/<stage>/tests/): code passed "
+    "off as an amendment would escape the stage gate.",
+    "Move the other changes into a stage PR ('Stage:' trailer) or a maintainers' change "
+    "of their own.",
+)
+
+AMENDMENT_INVALID = Rule(
+    "amendment.invalid",
+    "An amended spec is not valid.",
+    "The head's spec is validated with the base's schema: an amendment changes a "
+    "contract, not the schema that every contract follows, and it cannot remove a "
+    "stage.",
+    "Fix the key the message names.",
+)
 
 SHOWN = 8  # changes named in a row's summary
 OUTSIDE = (
@@ -168,13 +175,13 @@ class _Judge:
         path = f"{SPECS_DIR}/{stage}.toml"
         before, after = self.before.read(path), self.after.read(path)
         if after is None:
-            v = _v("amendment.invalid", path, "an amendment cannot remove a stage's spec", stage)
+            v = _v(AMENDMENT_INVALID.id, path, "an amendment cannot remove a stage's spec", stage)
             return [Outcome(stage, "amendment", BROKEN, "spec removed", [v])]
         try:
             head_spec = parse_spec(path, after, self.schema)
         except SpecErrors as err:
             invalid = [
-                Violation("amendment.invalid", e.path, e.line, str(e), stage, "spec")
+                Violation(AMENDMENT_INVALID.id, e.path, e.line, str(e), stage, "spec")
                 for e in err.errors
             ]
             return [Outcome(stage, "spec", BROKEN, "the amended spec is not valid", invalid)]
@@ -197,17 +204,17 @@ class _Judge:
             found.append(_v(rule, path, message, stage))
 
         if h < b:
-            fail("amendment.version", f"expected a version >= the base's {bv}, found {hv}")
+            fail(AMENDMENT_VERSION.id, f"expected a version >= the base's {bv}, found {hv}")
         elif (level == "BREAKING" or declared) and h.major <= b.major:
             want = f"{b.major + 1}.0.0"
-            fail("amendment.version", f"expected a major bump for a break ({want}), found {hv}")
+            fail(AMENDMENT_VERSION.id, f"expected a major bump for a break ({want}), found {hv}")
         elif level == "ADDITIVE" and (h.major, h.minor) <= (b.major, b.minor):
             want = f"{b.major}.{b.minor + 1}.0"
-            fail("amendment.version", f"expected a minor bump for ADDITIVE ({want}), found {hv}")
+            fail(AMENDMENT_VERSION.id, f"expected a minor bump for ADDITIVE ({want}), found {hv}")
         if level == "BREAKING" and not declared:
             breaks = "; ".join(c.what for c in changes if c.level == "BREAKING")
             fail(
-                "amendment.breaking",
+                AMENDMENT_BREAKING.id,
                 f"expected a 'Spec-Break: <reason>' trailer on a commit naming {stage}, "
                 f"for these BREAKING changes: {breaks}",
             )
@@ -274,13 +281,13 @@ def _paths(
             loose += _kit_path(j, path, touched)
         elif stage is not None and part != "other" and stage not in named:
             why = f"changes stage {stage!r}'s contract without a 'Spec: {stage}' trailer"
-            loose.append(_v("amendment.trailer", path, why))
+            loose.append(_v(AMENDMENT_TRAILER.id, path, why))
         elif part == "other" or (part == "tests" and stage not in declared):
-            loose.append(_v("amendment.path", path, OUTSIDE))
+            loose.append(_v(AMENDMENT_PATH.id, path, OUTSIDE))
         elif stage is not None and part not in ("spec", "changelog"):
             touched[stage].append(path)
         if j.after.is_symlink(path):
-            loose.append(_v("amendment.path", path, "expected a regular file, found a link"))
+            loose.append(_v(AMENDMENT_PATH.id, path, "expected a regular file, found a link"))
     return loose, touched
 
 
@@ -292,7 +299,7 @@ def _kit_path(j: _Judge, path: str, touched: dict[str, list[str]]) -> list[Viola
         touched[stage].append(path)
     return [
         _v(
-            "amendment.trailer",
+            AMENDMENT_TRAILER.id,
             path,
             f"changes the spec kit {stage!r} loads without a 'Spec: {stage}' trailer",
         )
@@ -330,7 +337,7 @@ def judge(repo_dir: Path, base_rev: str, head_rev: str | None) -> Result | None:
     loose, touched = _paths(j, changes, named, declared)
     known = set(j.specs) | {s for s in named if j.after.read(f"{SPECS_DIR}/{s}.toml")}
     for stage in sorted(named - known):
-        loose.append(_v("amendment.trailer", None, f"'Spec: {stage}' names no stage's spec"))
+        loose.append(_v(AMENDMENT_TRAILER.id, None, f"'Spec: {stage}' names no stage's spec"))
     for stage in sorted(named & known):
         result.outcomes += j.stage(stage, touched[stage], stage in declared)
     n = len(changes)

@@ -29,57 +29,68 @@ from niels_gpt_contracts.checks.signatures import compare_signatures, norm, pars
 from niels_gpt_contracts.errors import ConfigError
 from niels_gpt_contracts.gitdiff import Tree, WorkingTree
 from niels_gpt_contracts.result import Violation
-from niels_gpt_contracts.rules import RuleDoc
+from niels_gpt_contracts.rules import Rule
 from niels_gpt_contracts.spec import ApiEntry, Spec, compile_patterns
 
-# The rule ids this module emits, each with what SARIF shows of it
-# (``reporters.rule_index`` gathers every module's).
-RULE_DOCS: dict[str, RuleDoc] = {
-    "api.missing": RuleDoc(
-        "A public object the spec lists cannot be imported.",
-        "Each object in the stage spec's API must import from its listed module path, in "
-        "a fresh interpreter over the tree's packages.",
-        "Restore the object at the import path the spec names (or fix the import error "
-        "the message shows).",
-    ),
-    "api.kind": RuleDoc(
-        "A public object is not of the kind the spec says.",
-        "The spec lists each public object as a module, a function or a class; the "
-        "object found must be of that kind.",
-        "Make the object the kind the spec lists again.",
-    ),
-    "api.signature": RuleDoc(
-        "A public signature differs from the spec.",
-        "Signatures are compared parameter by parameter: name, kind, default and "
-        "annotation, and the return annotation; annotations are normalised, so quoting "
-        "and spacing do not matter.",
-        "Change the signature back to the spec's (the message shows the first difference).",
-    ),
-    "api.exports": RuleDoc(
-        "A module does not export exactly the names the spec lists.",
-        "A module's __all__ must name exactly the spec's exports, and each must exist.",
-        "Set __all__ to the spec's list and define every name in it.",
-    ),
-    "api.fields": RuleDoc(
-        "A class does not declare exactly the fields the spec lists.",
-        "A dataclass-like class must declare exactly the annotated fields the spec "
-        "lists, with the same annotations.",
-        "Declare the spec's fields, no more and no fewer.",
-    ),
-    "api.identity": RuleDoc(
-        "A re-exported object is not the very object the spec names.",
-        "Where the spec says an object is the same as another (a re-export), both paths "
-        "must give the identical object, not a copy or a wrapper.",
-        "Re-export the original object instead of redefining it.",
-    ),
-    "api.probe": RuleDoc(
-        "The public API could not be inspected.",
-        "The API is inspected by importing the tree's packages in a fresh interpreter; an "
-        "import that fails or a probe that crashes leaves the API unverified, which "
-        "counts as broken.",
-        "Fix the import or crash the message shows, so that the API can be inspected.",
-    ),
-}
+# The rules this module emits, each with what SARIF shows of it; defining one
+# registers it (``rules.registry``).
+API_MISSING = Rule(
+    "api.missing",
+    "A public object the spec lists cannot be imported.",
+    "Each object in the stage spec's API must import from its listed module path, in "
+    "a fresh interpreter over the tree's packages.",
+    "Restore the object at the import path the spec names (or fix the import error "
+    "the message shows).",
+)
+
+API_KIND = Rule(
+    "api.kind",
+    "A public object is not of the kind the spec says.",
+    "The spec lists each public object as a module, a function or a class; the "
+    "object found must be of that kind.",
+    "Make the object the kind the spec lists again.",
+)
+
+API_SIGNATURE = Rule(
+    "api.signature",
+    "A public signature differs from the spec.",
+    "Signatures are compared parameter by parameter: name, kind, default and "
+    "annotation, and the return annotation; annotations are normalised, so quoting "
+    "and spacing do not matter.",
+    "Change the signature back to the spec's (the message shows the first difference).",
+)
+
+API_EXPORTS = Rule(
+    "api.exports",
+    "A module does not export exactly the names the spec lists.",
+    "A module's __all__ must name exactly the spec's exports, and each must exist.",
+    "Set __all__ to the spec's list and define every name in it.",
+)
+
+API_FIELDS = Rule(
+    "api.fields",
+    "A class does not declare exactly the fields the spec lists.",
+    "A dataclass-like class must declare exactly the annotated fields the spec "
+    "lists, with the same annotations.",
+    "Declare the spec's fields, no more and no fewer.",
+)
+
+API_IDENTITY = Rule(
+    "api.identity",
+    "A re-exported object is not the very object the spec names.",
+    "Where the spec says an object is the same as another (a re-export), both paths "
+    "must give the identical object, not a copy or a wrapper.",
+    "Re-export the original object instead of redefining it.",
+)
+
+API_PROBE = Rule(
+    "api.probe",
+    "The public API could not be inspected.",
+    "The API is inspected by importing the tree's packages in a fresh interpreter; an "
+    "import that fails or a probe that crashes leaves the API unverified, which "
+    "counts as broken.",
+    "Fix the import or crash the message shows, so that the API can be inspected.",
+)
 
 PROBE = Path(__file__).with_name("_api_probe.py")
 SRC_FILES = compile_patterns(["/packages/*/src/**/*.py"])
@@ -182,20 +193,20 @@ def judge(
         out.append(Violation(rule, p, n, f"{entry.object}: {message}", spec.id, "api"))
 
     if "probe_error" in found:
-        add("api.probe", found["probe_error"])
+        add(API_PROBE.id, found["probe_error"])
         return out
     if "error" in found:
-        add("api.missing", f"expected a {entry.kind}, found: {found['error']}")
+        add(API_MISSING.id, f"expected a {entry.kind}, found: {found['error']}")
         return out
     if found["kind"] != entry.kind:
-        add("api.kind", f"expected a {entry.kind}, found a {found['kind']}")
+        add(API_KIND.id, f"expected a {entry.kind}, found a {found['kind']}")
         return out
     if entry.signature is not None:
         if "signature_error" in found:
-            add("api.signature", f"signature cannot be read: {found['signature_error']}")
+            add(API_SIGNATURE.id, f"signature cannot be read: {found['signature_error']}")
         else:
             for diff in compare_signatures(parse_signature(entry.signature), found["signature"]):
-                add("api.signature", diff)
+                add(API_SIGNATURE.id, diff)
             if tree is not None:
                 for rule, message, p, n in judge_source(
                     "", found["signature"], found.get("source"), tree
@@ -204,13 +215,13 @@ def judge(
     for name, text in entry.methods.items():
         got = found.get("methods", {}).get(name, {"error": "not probed"})
         if "error" in got:
-            add("api.signature", f"expected method {name}{text}, found: {got['error']}")
+            add(API_SIGNATURE.id, f"expected method {name}{text}, found: {got['error']}")
             continue
         at = tuple(got.get("where") or (path, line))
         for diff in compare_signatures(
             parse_signature(text), got["signature"], is_init=name == "__init__"
         ):
-            add("api.signature", f"{name}: {diff}", (at[0], at[1]))
+            add(API_SIGNATURE.id, f"{name}: {diff}", (at[0], at[1]))
         if tree is not None:
             for rule, message, p, n in judge_source(
                 f"{name}: ", got["signature"], got.get("source"), tree, is_init=name == "__init__"
@@ -220,30 +231,30 @@ def judge(
         expected = {k: norm(ast.parse(v, mode="eval").body) for k, v in entry.fields.items()}
         got_fields = found.get("fields", {})
         if expected != got_fields:
-            add("api.fields", f"expected fields {expected}, found {got_fields}")
+            add(API_FIELDS.id, f"expected fields {expected}, found {got_fields}")
     if entry.exports is not None:
         exported, public = found.get("all"), found.get("public", [])
         want = sorted(entry.exports)
         if exported is None:
-            add("api.exports", f"expected __all__ = {want}, found no __all__")
+            add(API_EXPORTS.id, f"expected __all__ = {want}, found no __all__")
         elif sorted(exported) != want:
-            add("api.exports", f"expected __all__ = {want}, found {sorted(exported)}")
+            add(API_EXPORTS.id, f"expected __all__ = {want}, found {sorted(exported)}")
         extra = sorted(set(public) - set(entry.exports))
         if extra:
             add(
-                "api.exports",
+                API_EXPORTS.id,
                 f"expected public definitions only among {want}, found also "
                 f"{extra} (make them private or list them)",
             )
     if entry.same_as is not None:
         if "same_error" in found:
             add(
-                "api.identity",
+                API_IDENTITY.id,
                 f"expected the same object as {entry.same_as}, found: {found['same_error']}",
             )
         elif not found.get("same"):
             add(
-                "api.identity",
+                API_IDENTITY.id,
                 f"expected the very object {entry.same_as} (a re-export), found a different object",
             )
     return out

@@ -20,20 +20,19 @@ from typing import Any
 
 from niels_gpt_contracts.checks.signatures import compare_signatures, from_def, render
 from niels_gpt_contracts.gitdiff import Tree
-from niels_gpt_contracts.rules import RuleDoc
+from niels_gpt_contracts.rules import Rule
 
-# The rule ids this module emits, each with what SARIF shows of it
-# (``reporters.rule_index`` gathers every module's).
-RULE_DOCS: dict[str, RuleDoc] = {
-    "api.source": RuleDoc(
-        "The reported signature is not the code that runs.",
-        "The signature inspect reports must be that of the def that runs: an assigned "
-        "__signature__ or a decorator that hides the function, or running code that is "
-        "not in the tree, would let the API check pass on something else.",
-        "Remove the __signature__ assignment or the hiding wrapper; define the function "
-        "in the stage's module.",
-    ),
-}
+# The rules this module emits, each with what SARIF shows of it; defining one
+# registers it (``rules.registry``).
+API_SOURCE = Rule(
+    "api.source",
+    "The reported signature is not the code that runs.",
+    "The signature inspect reports must be that of the def that runs: an assigned "
+    "__signature__ or a decorator that hides the function, or running code that is "
+    "not in the tree, would let the API check pass on something else.",
+    "Remove the __signature__ assignment or the hiding wrapper; define the function "
+    "in the stage's module.",
+)
 
 Finding = tuple[str, str, str | None, int | None]  # rule, message, path, line
 
@@ -94,7 +93,7 @@ def judge_source(
     if origin is None:
         return [
             (
-                "api.source",
+                API_SOURCE.id,
                 f"{label}the code that runs is not defined in the tree under check "
                 "(assigned from elsewhere, or built at run time), so its signature "
                 "cannot be read from source",
@@ -113,13 +112,13 @@ def judge_source(
     if written is None:
         what = f"@dataclass class {name}" if origin.get("dataclass") else f"def {name}"
         return [
-            ("api.source", f"{label}expected a '{what}' at {path}:{line}, found none", path, line)
+            (API_SOURCE.id, f"{label}expected a '{what}' at {path}:{line}, found none", path, line)
         ]
     if not compare_signatures(written, inspected, is_init=is_init):
         return []  # the spec comparison of the inspected signature speaks for both
     return [
         (
-            "api.source",
+            API_SOURCE.id,
             f"{label}inspect reports {render(inspected)} but the def says "
             f"{render(written)}: an assigned __signature__ or a decorator changes "
             "what callers are told",

@@ -27,28 +27,29 @@ import tomllib
 
 from niels_gpt_contracts.gitdiff import Change, Tree
 from niels_gpt_contracts.result import Violation
-from niels_gpt_contracts.rules import RuleDoc
+from niels_gpt_contracts.rules import Rule
 from niels_gpt_contracts.self_loading import SELF_LOADING_NAMES, SELF_LOADING_SUFFIXES, file_name
 from niels_gpt_contracts.spec import Spec
 
-# The rule ids this module emits, each with what SARIF shows of it
-# (``reporters.rule_index`` gathers every module's).
-RULE_DOCS: dict[str, RuleDoc] = {
-    "path.autoload": RuleDoc(
-        "A stage PR adds or changes code that loads without an import.",
-        "Python and pytest run some files by their name or place alone: conftest.py, "
-        "sitecustomize.py, usercustomize.py, *.pth, pytest and tox ini sections, entry "
-        "points, build hooks. A stage PR must not bring any, or its code would run inside "
-        "the checker's own test runs.",
-        "Remove the file or table; put the code in a module that is imported explicitly.",
-    ),
-    "path.symlink": RuleDoc(
-        "A stage PR adds or changes a symbolic link.",
-        "A link can make one path read another file than the one judged, so stages ship "
-        "regular files only.",
-        "Replace the link by a regular file.",
-    ),
-}
+# The rules this module emits, each with what SARIF shows of it; defining one
+# registers it (``rules.registry``).
+PATH_AUTOLOAD = Rule(
+    "path.autoload",
+    "A stage PR adds or changes code that loads without an import.",
+    "Python and pytest run some files by their name or place alone: conftest.py, "
+    "sitecustomize.py, usercustomize.py, *.pth, pytest and tox ini sections, entry "
+    "points, build hooks. A stage PR must not bring any, or its code would run inside "
+    "the checker's own test runs.",
+    "Remove the file or table; put the code in a module that is imported explicitly.",
+)
+
+PATH_SYMLINK = Rule(
+    "path.symlink",
+    "A stage PR adds or changes a symbolic link.",
+    "A link can make one path read another file than the one judged, so stages ship "
+    "regular files only.",
+    "Replace the link by a regular file.",
+)
 
 # pyproject tables that make code run on install, on import or inside pytest,
 # or that decide what a wheel contains: the build backend and all of hatch's
@@ -120,7 +121,7 @@ def check_autoload(spec: Spec, changes: list[Change], base: Tree, head: Tree) ->
             name = file_name(path)
             if name in SELF_LOADING_NAMES or name.endswith(SELF_LOADING_SUFFIXES):
                 add(
-                    "path.autoload",
+                    PATH_AUTOLOAD.id,
                     path,
                     f"{name} is loaded by Python or pytest without being imported; "
                     "a stage PR may not add, change or remove one",
@@ -129,7 +130,7 @@ def check_autoload(spec: Spec, changes: list[Change], base: Tree, head: Tree) ->
                 pyprojects.append(path)
             if path == change.path and head.is_symlink(path):
                 add(
-                    "path.symlink",
+                    PATH_SYMLINK.id,
                     path,
                     "is a symbolic link: a stage PR ships regular files only "
                     "(a link would put another file's code under an allowed name)",
@@ -144,5 +145,5 @@ def check_autoload(spec: Spec, changes: list[Change], base: Tree, head: Tree) ->
         siblings = [t for t in base.read_many(stage_files).values() if t is not None]
         for path in pyprojects:
             for problem in _pyproject_problems(before.get(path), after.get(path), siblings):
-                add("path.autoload", path, problem)
+                add(PATH_AUTOLOAD.id, path, problem)
     return out

@@ -27,24 +27,22 @@ from collections.abc import Iterable
 from niels_gpt_contracts.checks import speckit
 from niels_gpt_contracts.gitdiff import Tree
 from niels_gpt_contracts.result import Violation
-from niels_gpt_contracts.rules import RuleDoc
+from niels_gpt_contracts.rules import Rule
 from niels_gpt_contracts.spec import SPECS_DIR, Spec
 
-# The rule ids this module emits, each with what SARIF shows of it
-# (``reporters.rule_index`` gathers every module's).
-RULE_DOCS: dict[str, RuleDoc] = {
-    "oracle.coverage": RuleDoc(
-        "A domain axis the spec declares is never swept by its oracle driver.",
-        "A spec's [oracle] axes name the parts of the stage's domain the oracle must draw "
-        "from (magnitude, dtype, layout, config, modes, grad2, history, errors, combos). "
-        "A driver that never tags a call with one of them leaves that part of the contract "
-        "unjudged, so the spec is refused until it does.",
-        'Add calls tagged axes=("<axis>",) to the stage\'s driver, or amend the spec.',
-    ),
-}
+# The rules this module emits, each with what SARIF shows of it; defining one
+# registers it (``rules.registry``).
+ORACLE_COVERAGE = Rule(
+    "oracle.coverage",
+    "A domain axis the spec declares is never swept by its oracle driver.",
+    "A spec's [oracle] axes name the parts of the stage's domain the oracle must draw "
+    "from (magnitude, dtype, layout, config, modes, grad2, history, errors, combos). "
+    "A driver that never tags a call with one of them leaves that part of the contract "
+    "unjudged, so the spec is refused until it does.",
+    'Add calls tagged axes=("<axis>",) to the stage\'s driver, or amend the spec.',
+)
 
 CHECK = "coverage"
-RULE = "oracle.coverage"
 
 
 def _strings(node: ast.AST, names: dict[str, ast.AST]) -> set[str] | None:
@@ -129,20 +127,20 @@ def check_coverage(spec: Spec, tree: Tree) -> list[Violation]:
         if text is None:
             if path == spec.oracle.driver_file:
                 why = f"{spec.id}: the oracle driver {path} is missing"
-                found.append(Violation(RULE, path, None, why, spec.id, CHECK))
+                found.append(Violation(ORACLE_COVERAGE.id, path, None, why, spec.id, CHECK))
             continue
         try:
             swept |= swept_axes(text)
         except SyntaxError as err:
             why = f"{spec.id}: cannot parse {path} (line {err.lineno})"
-            found.append(Violation(RULE, path, err.lineno, why, spec.id, CHECK))
+            found.append(Violation(ORACLE_COVERAGE.id, path, err.lineno, why, spec.id, CHECK))
     for axis in spec.oracle.axes:
         if axis not in swept:
             why = (
                 f"{spec.id}: the declared domain axis '{axis}' is never swept: no call of the "
                 f"oracle driver passes it in axes="
             )
-            found.append(Violation(RULE, spec.path, None, why, spec.id, CHECK))
+            found.append(Violation(ORACLE_COVERAGE.id, spec.path, None, why, spec.id, CHECK))
     return found
 
 

@@ -29,26 +29,26 @@ from typing import TypeGuard
 
 from niels_gpt_contracts.checks import pr_context
 from niels_gpt_contracts.result import Violation
-from niels_gpt_contracts.rules import RuleDoc
+from niels_gpt_contracts.rules import Rule
 from niels_gpt_contracts.spec import compile_patterns
 
 CHECK = "device-branches"
-RULE = "devices.branch"
 FLAGS = frozenset({"is_cuda", "is_mps", "is_xpu", "is_xla"})
 NAMES = frozenset({"cpu", "cuda", "mps", "xpu", "xla", "meta", "hip"})
 BACKENDS = frozenset({"cuda", "mps", "xpu"})
 
-RULE_DOCS: dict[str, RuleDoc] = {
-    "devices.branch": RuleDoc(
-        "A new branch on the device type in a stage's code.",
-        "A stage must compute the same function on every device: a path taken on one "
-        "device type only (is_cuda, device.type == ..., cuda.is_available()) gives those "
-        "users another model, which the CPU oracle never sees. Only the branches the base "
-        "already has stand.",
-        "Compute alike on every device, or list the file in the spec's paths.device_branches "
-        "by an amendment first.",
-    ),
-}
+# The rules this module emits, each with what SARIF shows of it; defining one
+# registers it (``rules.registry``).
+DEVICES_BRANCH = Rule(
+    "devices.branch",
+    "A new branch on the device type in a stage's code.",
+    "A stage must compute the same function on every device: a path taken on one "
+    "device type only (is_cuda, device.type == ..., cuda.is_available()) gives those "
+    "users another model, which the CPU oracle never sees. Only the branches the base "
+    "already has stand.",
+    "Compute alike on every device, or list the file in the spec's paths.device_branches "
+    "by an amendment first.",
+)
 
 
 def _names(node: ast.expr) -> set[str]:
@@ -131,5 +131,7 @@ def check(ctx: pr_context.PrContext) -> list[Violation]:
                 f"a new branch on the device type: {site[:120]!r} (the stage must compute "
                 "alike on every device; the base has no such branch)"
             )
-            found.append(Violation(RULE, path, line, why, spec.id, CHECK, changed=True))
+            found.append(
+                Violation(DEVICES_BRANCH.id, path, line, why, spec.id, CHECK, changed=True)
+            )
     return found

@@ -19,36 +19,43 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from niels_gpt_contracts.checks.staleness import fresh_failures, stale_section
+from niels_gpt_contracts.checks.staleness import (
+    DEVICE_PARTIAL,
+    DEVICE_STALE,
+    fresh_failures,
+    stale_section,
+)
 from niels_gpt_contracts.errors import ConfigError
 from niels_gpt_contracts.fingerprint import Fingerprint
 from niels_gpt_contracts.result import BROKEN, KEPT, NOT_RUN, Outcome, Violation
-from niels_gpt_contracts.rules import RuleDoc
+from niels_gpt_contracts.rules import Rule
 from niels_gpt_contracts.spec import Spec
 
-# The rule ids this module emits, each with what SARIF shows of it
-# (``reporters.rule_index`` gathers every module's).
-RULE_DOCS: dict[str, RuleDoc] = {
-    "device.failed": RuleDoc(
-        "A test proving an invariant failed on a device.",
-        "The invariant report of a device's test session shows a failing test that "
-        "claims the invariant.",
-        "Run the named tests on that device (nox -s test-<device>) and fix the failure.",
-    ),
-    "device.incomplete": RuleDoc(
-        "A device run ended in error before the invariant was verified.",
-        "The device's test session ended with a non-zero pytest status and no passing "
-        "test verified the invariant, so it cannot count as kept.",
-        "Fix the error that stopped the run, then run the device session again.",
-    ),
-    "device.not-run": RuleDoc(
-        "An invariant was not verified on a device the run requires.",
-        "With --require-device, a device with no report, or whose tests for an invariant "
-        "were all skipped, is broken rather than not run: a skip is not a pass.",
-        "Run the stage's tests on the device, and make sure the invariant's tests do not "
-        "skip there.",
-    ),
-}
+# The rules this module emits, each with what SARIF shows of it; defining one
+# registers it (``rules.registry``).
+DEVICE_FAILED = Rule(
+    "device.failed",
+    "A test proving an invariant failed on a device.",
+    "The invariant report of a device's test session shows a failing test that "
+    "claims the invariant.",
+    "Run the named tests on that device (nox -s test-<device>) and fix the failure.",
+)
+
+DEVICE_INCOMPLETE = Rule(
+    "device.incomplete",
+    "A device run ended in error before the invariant was verified.",
+    "The device's test session ended with a non-zero pytest status and no passing "
+    "test verified the invariant, so it cannot count as kept.",
+    "Fix the error that stopped the run, then run the device session again.",
+)
+
+DEVICE_NOT_RUN = Rule(
+    "device.not-run",
+    "An invariant was not verified on a device the run requires.",
+    "With --require-device, a device with no report, or whose tests for an invariant "
+    "were all skipped, is broken rather than not run: a skip is not a pass.",
+    "Run the stage's tests on the device, and make sure the invariant's tests do not skip there.",
+)
 
 DEVICES = ("cpu", "mps", "cuda")
 
@@ -172,12 +179,12 @@ def _unusable(
             report.device, report.path, report.sections, report.tests, ids, spec.id, tree.stages
         )
     if report.narrowed_by:
-        return "device.partial", (
+        return DEVICE_PARTIAL.id, (
             f"the {report.device} report ({report.path}) covers a narrowed selection "
             f"({'; '.join(report.narrowed_by)}): rerun the whole test-{report.device} session"
         )
     if tree is not None and report.tree is not None and report.tree != tree:
-        return "device.stale", (
+        return DEVICE_STALE.id, (
             f"the {report.device} report ({report.path}) was produced from another tree "
             f"({report.tree[:12] or 'unknown'}, the tree judged is {tree[:12]}): "
             f"rerun test-{report.device}"
@@ -203,7 +210,7 @@ def device_outcome(
         if fresh:
             vs = [
                 Violation(
-                    "device.failed",
+                    DEVICE_FAILED.id,
                     _test_path(tests[0]),
                     None,
                     f"invariant {inv!r}: {len(tests)} test(s) failed on {device}: "
@@ -215,7 +222,7 @@ def device_outcome(
             ]
             return Outcome(spec.id, check, BROKEN, f"failed on this tree; {unusable[1]}", vs)
     if report is None or unusable is not None:
-        rule, why = unusable or ("device.not-run", f"no report for {device} (tests not run there)")
+        rule, why = unusable or (DEVICE_NOT_RUN.id, f"no report for {device} (tests not run there)")
         if required:
             v = Violation(
                 rule, spec.path, None, f"{why}, but the run requires {device}", spec.id, check
@@ -233,7 +240,7 @@ def device_outcome(
             path = _test_path(tests[0]) if tests else spec.path
             failed.append(
                 Violation(
-                    "device.failed",
+                    DEVICE_FAILED.id,
                     path,
                     None if tests else lines[inv],
                     f"invariant {inv!r}: {counts['failed']} test(s) failed on "
@@ -256,7 +263,7 @@ def device_outcome(
     if status != 0:
         vs = [
             Violation(
-                "device.incomplete",
+                DEVICE_INCOMPLETE.id,
                 spec.path,
                 lines[inv],
                 f"invariant {inv!r} not "
@@ -271,7 +278,7 @@ def device_outcome(
     if required:
         vs = [
             Violation(
-                "device.not-run",
+                DEVICE_NOT_RUN.id,
                 spec.path,
                 lines[inv],
                 f"invariant {inv!r} was skipped on {device}, which the run requires",

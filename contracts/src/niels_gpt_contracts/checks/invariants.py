@@ -17,38 +17,43 @@ from dataclasses import dataclass
 
 from niels_gpt_contracts.gitdiff import Tree
 from niels_gpt_contracts.result import Violation
-from niels_gpt_contracts.rules import RuleDoc
+from niels_gpt_contracts.rules import Rule
 from niels_gpt_contracts.spec import Spec, compile_patterns
 
-# The rule ids this module emits, each with what SARIF shows of it
-# (``reporters.rule_index`` gathers every module's).
-RULE_DOCS: dict[str, RuleDoc] = {
-    "invariant.unclaimed": RuleDoc(
-        "A spec invariant is claimed by no test.",
-        "Every invariant a stage declares must be claimed by at least one test with "
-        "@pytest.mark.invariant('<stage>.<id>'), so that some test proves it on every "
-        "device.",
-        "Add or mark a test that proves the invariant.",
-    ),
-    "invariant.unknown": RuleDoc(
-        "A test claims an invariant no spec declares.",
-        "A marker naming an invariant that no spec declares proves nothing the gate can "
-        "count (often a typo).",
-        "Correct the invariant id in the marker, or declare the invariant in the spec.",
-    ),
-    "invariant.malformed": RuleDoc(
-        "An invariant marker is not a single string literal '<stage>.<id>'.",
-        "Claims are read statically, so the marker's argument must be one string literal "
-        "of the form '<stage>.<id>'.",
-        "Write the marker as @pytest.mark.invariant('<stage>.<id>').",
-    ),
-    "stage.unspecified": RuleDoc(
-        "A stage package has no spec.",
-        "Every package under packages/ must be owned by a stage spec in specs/, or "
-        "nothing would judge the PRs that change it.",
-        "Add a specs/<stage>.toml whose package is this directory (a maintainer change).",
-    ),
-}
+# The rules this module emits, each with what SARIF shows of it; defining one
+# registers it (``rules.registry``).
+INVARIANT_UNCLAIMED = Rule(
+    "invariant.unclaimed",
+    "A spec invariant is claimed by no test.",
+    "Every invariant a stage declares must be claimed by at least one test with "
+    "@pytest.mark.invariant('<stage>.<id>'), so that some test proves it on every "
+    "device.",
+    "Add or mark a test that proves the invariant.",
+)
+
+INVARIANT_UNKNOWN = Rule(
+    "invariant.unknown",
+    "A test claims an invariant no spec declares.",
+    "A marker naming an invariant that no spec declares proves nothing the gate can "
+    "count (often a typo).",
+    "Correct the invariant id in the marker, or declare the invariant in the spec.",
+)
+
+INVARIANT_MALFORMED = Rule(
+    "invariant.malformed",
+    "An invariant marker is not a single string literal '<stage>.<id>'.",
+    "Claims are read statically, so the marker's argument must be one string literal "
+    "of the form '<stage>.<id>'.",
+    "Write the marker as @pytest.mark.invariant('<stage>.<id>').",
+)
+
+STAGE_UNSPECIFIED = Rule(
+    "stage.unspecified",
+    "A stage package has no spec.",
+    "Every package under packages/ must be owned by a stage spec in specs/, or "
+    "nothing would judge the PRs that change it.",
+    "Add a specs/<stage>.toml whose package is this directory (a maintainer change).",
+)
 
 # Stage tests, and the maintainer-owned acceptance tests beside the specs.
 TEST_FILES = compile_patterns(["/packages/*/tests/**/*.py", "/specs/*/tests/**/*.py"])
@@ -165,7 +170,7 @@ def check_invariants(
         if claim.id is None:
             out.append(
                 Violation(
-                    "invariant.malformed",
+                    INVARIANT_MALFORMED.id,
                     claim.path,
                     claim.line,
                     claim.problem,
@@ -178,7 +183,7 @@ def check_invariants(
             hint = f" (stage {named!r} declares: {', '.join(ids)})" if named == spec.id else ""
             out.append(
                 Violation(
-                    "invariant.unknown",
+                    INVARIANT_UNKNOWN.id,
                     claim.path,
                     claim.line,
                     f"claims {claim.id!r}, which no spec declares{hint}",
@@ -191,7 +196,7 @@ def check_invariants(
         if full not in claimed:
             out.append(
                 Violation(
-                    "invariant.unclaimed",
+                    INVARIANT_UNCLAIMED.id,
                     spec.path,
                     inv.line,
                     f"invariant {full!r} is claimed by no test "
@@ -222,7 +227,7 @@ def check_unowned(
     )
     out = [
         Violation(
-            "stage.unspecified",
+            STAGE_UNSPECIFIED.id,
             f"{pkg}/pyproject.toml",
             None,
             f"package {pkg} has no stage spec (expected a specs/<stage>.toml whose package is it)",
@@ -237,6 +242,6 @@ def check_unowned(
         if claim.id in known or _owner(claim.path, specs) is not None or named in specs:
             continue
         what = claim.problem or f"claims {claim.id!r}, which no spec declares"
-        rule = "invariant.malformed" if claim.id is None else "invariant.unknown"
+        rule = INVARIANT_MALFORMED.id if claim.id is None else INVARIANT_UNKNOWN.id
         out.append(Violation(rule, claim.path, claim.line, what, "repo", "stages"))
     return out

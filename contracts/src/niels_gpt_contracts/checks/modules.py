@@ -23,36 +23,41 @@ from collections.abc import Mapping
 
 from niels_gpt_contracts.gitdiff import Tree
 from niels_gpt_contracts.result import Violation
-from niels_gpt_contracts.rules import RuleDoc
+from niels_gpt_contracts.rules import Rule
 from niels_gpt_contracts.spec import Spec, import_name
 
-# The rule ids this module emits, each with what SARIF shows of it
-# (``reporters.rule_index`` gathers every module's).
-RULE_DOCS: dict[str, RuleDoc] = {
-    "module.unlisted": RuleDoc(
-        "A file under the stage's src/ is not a module its spec lists.",
-        "A stage owns exactly the modules its spec lists; an unlisted file would ship "
-        "code nothing judges.",
-        "Remove the file, or list the module in the spec (a maintainer change).",
-    ),
-    "module.shadowed": RuleDoc(
-        "A stage file sits at the path of another stage's module.",
-        "Two distributions must never own the same file: one would overwrite or shadow "
-        "the other when both are installed.",
-        "Move the code into a module the stage owns.",
-    ),
-    "module.missing": RuleDoc(
-        "A module the stage's spec lists is absent.",
-        "Every module the spec lists must exist under the stage's src/.",
-        "Restore the module at the path the spec lists.",
-    ),
-    "module.undeclared-import": RuleDoc(
-        "A stage module imports a stage it does not depend on.",
-        "A stage may import only the stages in its depends_on (and their own dependencies), "
-        "so that installing one stage brings everything it needs and nothing more.",
-        "Drop the import, or declare the dependency in the spec (a maintainer change).",
-    ),
-}
+# The rules this module emits, each with what SARIF shows of it; defining one
+# registers it (``rules.registry``).
+MODULE_UNLISTED = Rule(
+    "module.unlisted",
+    "A file under the stage's src/ is not a module its spec lists.",
+    "A stage owns exactly the modules its spec lists; an unlisted file would ship "
+    "code nothing judges.",
+    "Remove the file, or list the module in the spec (a maintainer change).",
+)
+
+MODULE_SHADOWED = Rule(
+    "module.shadowed",
+    "A stage file sits at the path of another stage's module.",
+    "Two distributions must never own the same file: one would overwrite or shadow "
+    "the other when both are installed.",
+    "Move the code into a module the stage owns.",
+)
+
+MODULE_MISSING = Rule(
+    "module.missing",
+    "A module the stage's spec lists is absent.",
+    "Every module the spec lists must exist under the stage's src/.",
+    "Restore the module at the path the spec lists.",
+)
+
+MODULE_UNDECLARED_IMPORT = Rule(
+    "module.undeclared-import",
+    "A stage module imports a stage it does not depend on.",
+    "A stage may import only the stages in its depends_on (and their own dependencies), "
+    "so that installing one stage brings everything it needs and nothing more.",
+    "Drop the import, or declare the dependency in the spec (a maintainer change).",
+)
 
 ALWAYS_ALLOWED = ("py.typed",)
 
@@ -142,7 +147,7 @@ def check_imports(
                         f"{', '.join(sorted(allowed - {spec.id})) or 'nothing'})"
                     )
                 out.append(
-                    Violation("module.undeclared-import", path, line, message, spec.id, "modules")
+                    Violation(MODULE_UNDECLARED_IMPORT.id, path, line, message, spec.id, "modules")
                 )
     return out
 
@@ -163,7 +168,7 @@ def check_modules(spec: Spec, specs: Mapping[str, Spec], tree: Tree) -> list[Vio
             module, stage = by_name[import_name(module)]
             out.append(
                 Violation(
-                    "module.shadowed",
+                    MODULE_SHADOWED.id,
                     path,
                     None,
                     f"shadows {module}, which stage {stage!r} owns: on one import "
@@ -176,7 +181,7 @@ def check_modules(spec: Spec, specs: Mapping[str, Spec], tree: Tree) -> list[Vio
         else:
             out.append(
                 Violation(
-                    "module.unlisted",
+                    MODULE_UNLISTED.id,
                     path,
                     None,
                     f"{module} is not among the modules stage {spec.id!r} owns "
@@ -190,7 +195,7 @@ def check_modules(spec: Spec, specs: Mapping[str, Spec], tree: Tree) -> list[Vio
         if f"{prefix}{module}" not in present:
             out.append(
                 Violation(
-                    "module.missing",
+                    MODULE_MISSING.id,
                     spec.path,
                     None,
                     f"the spec lists {module}, found no {prefix}{module}",

@@ -18,23 +18,22 @@ from niels_gpt_contracts.checks import names
 from niels_gpt_contracts.checks.source import ALLOWED_IMPORTS
 from niels_gpt_contracts.gitdiff import Tree
 from niels_gpt_contracts.result import Violation
-from niels_gpt_contracts.rules import RuleDoc
+from niels_gpt_contracts.rules import Rule
 from niels_gpt_contracts.spec import Spec
 
-# The rule ids this module emits, each with what SARIF shows of it
-# (``reporters.rule_index`` gathers every module's).
-RULE_DOCS: dict[str, RuleDoc] = {
-    "source.name": RuleDoc(
-        "A stage module uses a name that is, or reaches, something it may not.",
-        "Imported names and attribute chains are checked for what they are, resolved in "
-        "an interpreter that imports no code of the PR: a module object such as os, sys, "
-        "subprocess or importlib, a function that runs programs or loads code "
-        "(torch.utils.collect_env.run), one that changes torch's global state (global "
-        "module hooks, seeds, default dtype), or a name another stage's module does not "
-        "define or export, whichever allowed module the name is taken from.",
-        "Compute with torch's tensor API and the stages' exported names only.",
-    ),
-}
+# The rules this module emits, each with what SARIF shows of it; defining one
+# registers it (``rules.registry``).
+SOURCE_NAME = Rule(
+    "source.name",
+    "A stage module uses a name that is, or reaches, something it may not.",
+    "Imported names and attribute chains are checked for what they are, resolved in "
+    "an interpreter that imports no code of the PR: a module object such as os, sys, "
+    "subprocess or importlib, a function that runs programs or loads code "
+    "(torch.utils.collect_env.run), one that changes torch's global state (global "
+    "module hooks, seeds, default dtype), or a name another stage's module does not "
+    "define or export, whichever allowed module the name is taken from.",
+    "Compute with torch's tensor API and the stages' exported names only.",
+)
 
 Interpreter = tuple[str, Mapping[str, str] | None]
 
@@ -126,7 +125,7 @@ def check_names(
             if dotted.split(".")[0] in shared:
                 why = _stage_chain(dotted, spec, specs, tree) if static else None
                 if why:
-                    found.append(Violation("source.name", path, line, why, spec.id, check))
+                    found.append(Violation(SOURCE_NAME.id, path, line, why, spec.id, check))
             elif dotted.split(".")[0] in ALLOWED_IMPORTS:
                 pending.setdefault(dotted, []).append((path, line))
     if interpreter is None or not pending:
@@ -135,10 +134,10 @@ def check_names(
     if "__error__" in resolved:
         path, line = next(iter(pending.values()))[0]
         why = f"names could not be resolved: {resolved['__error__']}"
-        return [*found, Violation("source.name", path, line, why, spec.id, check)]
+        return [*found, Violation(SOURCE_NAME.id, path, line, why, spec.id, check)]
     for dotted, places in sorted(pending.items()):
         why = names.judge_resolved(dotted, resolved.get(dotted, {"kind": "missing"}))
         if why:
             for path, line in places:
-                found.append(Violation("source.name", path, line, why, spec.id, check))
+                found.append(Violation(SOURCE_NAME.id, path, line, why, spec.id, check))
     return found

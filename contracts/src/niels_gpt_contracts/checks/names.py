@@ -36,20 +36,19 @@ from pathlib import Path
 from typing import Any
 
 from niels_gpt_contracts.checks.source import ALLOWED_IMPORTS, INTERPRETER_MODULES
-from niels_gpt_contracts.rules import RuleDoc
+from niels_gpt_contracts.rules import Rule
 
-# The rule ids this module emits, each with what SARIF shows of it
-# (``reporters.rule_index`` gathers every module's).
-RULE_DOCS: dict[str, RuleDoc] = {
-    "source.foreign-write": RuleDoc(
-        "A stage module writes to something it does not own.",
-        "Assigning or deleting an attribute or item of another stage's, torch's or "
-        "pytest's modules, classes or functions (directly, through an alias, through "
-        "type(x) or x.__class__, or with setattr/delattr), or replacing a module's forward, "
-        "changes what other code computes behind its back.",
-        "Subclass, wrap or pass values instead; change another stage in that stage's PR.",
-    ),
-}
+# The rules this module emits, each with what SARIF shows of it; defining one
+# registers it (``rules.registry``).
+SOURCE_FOREIGN_WRITE = Rule(
+    "source.foreign-write",
+    "A stage module writes to something it does not own.",
+    "Assigning or deleting an attribute or item of another stage's, torch's or "
+    "pytest's modules, classes or functions (directly, through an alias, through "
+    "type(x) or x.__class__, or with setattr/delattr), or replacing a module's forward, "
+    "changes what other code computes behind its back.",
+    "Subclass, wrap or pass values instead; change another stage in that stage's PR.",
+)
 
 PROBE = Path(__file__).with_name("_name_probe.py")
 DENIED_MODULES = (
@@ -256,7 +255,7 @@ def foreign_writes(tree: ast.Module) -> Iterator[Finding]:
         for target in targets:
             problem = _owner_problem(target, foreign)
             if problem:
-                yield "source.foreign-write", getattr(node, "lineno", 1), problem
+                yield SOURCE_FOREIGN_WRITE.id, getattr(node, "lineno", 1), problem
         if (
             isinstance(node, ast.Call)
             and isinstance(node.func, ast.Name)
@@ -269,7 +268,7 @@ def foreign_writes(tree: ast.Module) -> Iterator[Finding]:
             if isinstance(root, ast.Name) and root.id in foreign:
                 what = f"{node.func.id}({ast.unparse(node.args[0])}, ...)"
                 yield (
-                    "source.foreign-write",
+                    SOURCE_FOREIGN_WRITE.id,
                     node.lineno,
                     f"{what}: {root.id} is not this stage's own",
                 )

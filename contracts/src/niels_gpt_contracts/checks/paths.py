@@ -19,43 +19,48 @@ from __future__ import annotations
 from niels_gpt_contracts.checks import lines
 from niels_gpt_contracts.gitdiff import Change, Tree
 from niels_gpt_contracts.result import Violation
-from niels_gpt_contracts.rules import GATE_FROM_BASE, RuleDoc
+from niels_gpt_contracts.rules import GATE_FROM_BASE, Rule
 from niels_gpt_contracts.spec import META_SPEC, LineScope, Spec
 
-# The rule ids this module emits, each with what SARIF shows of it
-# (``reporters.rule_index`` gathers every module's).
-RULE_DOCS: dict[str, RuleDoc] = {
-    "path.meta": RuleDoc(
-        "A stage PR changed a meta path.",
-        "Meta paths (specs/, contracts/, .github/, .ci/, noxfile.py and noxkit/, "
-        "constraints.txt, the root pyproject.toml, .pre-commit-hooks.yaml) decide how every "
-        "stage is judged, so "
-        "they belong to no stage and no stage PR may add, change or delete them.",
-        "Move the meta change into its own PR, which a maintainer reviews and merges; keep "
-        "the stage PR to the stage's own paths.",
-    ),
-    "path.forbidden": RuleDoc(
-        "The PR changed a path the stage must not change.",
-        "The path matches the stage's must_not_change patterns, which win over every "
-        "permission. " + GATE_FROM_BASE,
-        "Revert the change to this path; if the stage really needs it, change the spec "
-        "first in a separate, reviewed PR.",
-    ),
-    "path.not-allowed": RuleDoc(
-        "The PR changed a path outside the stage's allowlist.",
-        "The path matches none of the stage's may_change patterns nor a line-scoped "
-        "permission. " + GATE_FROM_BASE,
-        "Revert the change, or move it to a PR of the stage that owns the path.",
-    ),
-    "path.line-scope": RuleDoc(
-        "A file changed beyond what its line-scoped permission allows.",
-        "Some files outside the stage may change only on certain lines (for example: only "
-        "to add a keyword argument to a call). Both versions are parsed and compared; "
-        "every other line must stay identical, and the file may only be edited in place.",
-        "Undo the edits the permission does not cover (the message names the permission "
-        "and what it allows); keep the file's path and type.",
-    ),
-}
+# The rules this module emits, each with what SARIF shows of it; defining one
+# registers it (``rules.registry``).
+PATH_META = Rule(
+    "path.meta",
+    "A stage PR changed a meta path.",
+    "Meta paths (specs/, contracts/, .github/, .ci/, noxfile.py and noxkit/, "
+    "constraints.txt, the root pyproject.toml, .pre-commit-hooks.yaml) decide how every "
+    "stage is judged, so "
+    "they belong to no stage and no stage PR may add, change or delete them.",
+    "Move the meta change into its own PR, which a maintainer reviews and merges; keep "
+    "the stage PR to the stage's own paths.",
+)
+
+PATH_FORBIDDEN = Rule(
+    "path.forbidden",
+    "The PR changed a path the stage must not change.",
+    "The path matches the stage's must_not_change patterns, which win over every "
+    "permission. " + GATE_FROM_BASE,
+    "Revert the change to this path; if the stage really needs it, change the spec "
+    "first in a separate, reviewed PR.",
+)
+
+PATH_NOT_ALLOWED = Rule(
+    "path.not-allowed",
+    "The PR changed a path outside the stage's allowlist.",
+    "The path matches none of the stage's may_change patterns nor a line-scoped "
+    "permission. " + GATE_FROM_BASE,
+    "Revert the change, or move it to a PR of the stage that owns the path.",
+)
+
+PATH_LINE_SCOPE = Rule(
+    "path.line-scope",
+    "A file changed beyond what its line-scoped permission allows.",
+    "Some files outside the stage may change only on certain lines (for example: only "
+    "to add a keyword argument to a call). Both versions are parsed and compared; "
+    "every other line must stay identical, and the file may only be edited in place.",
+    "Undo the edits the permission does not cover (the message names the permission "
+    "and what it allows); keep the file's path and type.",
+)
 
 _VERB = {
     "A": "added",
@@ -98,14 +103,14 @@ def check_paths(
             verb = _verb(change, path)
             if META_SPEC.match_file(path):
                 add(
-                    "path.meta",
+                    PATH_META.id,
                     path,
                     f"{verb}: a meta path (specs, checker, CI, nox, "
                     "constraints, root pyproject) that no stage PR may change",
                 )
             elif spec.must_not_match.match_file(path):
                 add(
-                    "path.forbidden",
+                    PATH_FORBIDDEN.id,
                     path,
                     f"{verb}: matches must_not_change of stage {spec.id!r} ({spec.path})",
                 )
@@ -115,14 +120,14 @@ def check_paths(
                 scope = next((s for s in spec.line_scoped if s.matcher.match_file(path)), None)
                 if scope is None:
                     add(
-                        "path.not-allowed",
+                        PATH_NOT_ALLOWED.id,
                         path,
                         f"{verb}: outside the may_change patterns of "
                         f"stage {spec.id!r} ({spec.path})",
                     )
                 elif change.status != "M":
                     add(
-                        "path.line-scope",
+                        PATH_LINE_SCOPE.id,
                         path,
                         f"{verb}: under line-scoped permission "
                         f"{scope.id!r} a file may only be edited in place ({scope.description})",
@@ -137,7 +142,7 @@ def check_paths(
             old, new = before.get(path), after.get(path)
             if old is None or new is None:
                 add(
-                    "path.line-scope",
+                    PATH_LINE_SCOPE.id,
                     path,
                     f"not a readable text file on both sides, so "
                     f"permission {scope.id!r} cannot cover it ({scope.description})",
@@ -145,7 +150,7 @@ def check_paths(
                 continue
             for line, problem in lines.judge(scope, old, new):
                 add(
-                    "path.line-scope",
+                    PATH_LINE_SCOPE.id,
                     path,
                     f"{problem} (permission {scope.id!r}: {scope.description})",
                     line,

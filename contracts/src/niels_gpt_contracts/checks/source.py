@@ -33,25 +33,26 @@ import ast
 from collections.abc import Iterator, Mapping
 
 from niels_gpt_contracts.result import Violation
-from niels_gpt_contracts.rules import RuleDoc
+from niels_gpt_contracts.rules import Rule
 from niels_gpt_contracts.spec import Spec
 
-# The rule ids this module emits, each with what SARIF shows of it
-# (``reporters.rule_index`` gathers every module's).
-RULE_DOCS: dict[str, RuleDoc] = {
-    "source.import": RuleDoc(
-        "A stage module imports outside the allowed modules.",
-        "Stage code may import the stages' namespace, public torch and pure-computation "
-        "standard library modules only, so what it does can be read from its source.",
-        "Replace the import by one of the allowed modules.",
-    ),
-    "source.dynamic": RuleDoc(
-        "A stage module builds names or code at run time.",
-        "Code built at run time (eval, exec, getattr with computed names, interpreter "
-        "internals) hides what runs from every static check.",
-        "Write the code out so that it reads as what it does.",
-    ),
-}
+# The rules this module emits, each with what SARIF shows of it; defining one
+# registers it (``rules.registry``).
+SOURCE_IMPORT = Rule(
+    "source.import",
+    "A stage module imports outside the allowed modules.",
+    "Stage code may import the stages' namespace, public torch and pure-computation "
+    "standard library modules only, so what it does can be read from its source.",
+    "Replace the import by one of the allowed modules.",
+)
+
+SOURCE_DYNAMIC = Rule(
+    "source.dynamic",
+    "A stage module builds names or code at run time.",
+    "Code built at run time (eval, exec, getattr with computed names, interpreter "
+    "internals) hides what runs from every static check.",
+    "Write the code out so that it reads as what it does.",
+)
 
 ALLOWED_IMPORTS = frozenset(
     {
@@ -274,12 +275,12 @@ def _findings(tree: ast.Module, shared: set[str]) -> Iterator[tuple[str, int, st
         for name in _imports(node):
             problem = _import_problem(name, shared)
             if problem:
-                yield "source.import", getattr(node, "lineno", 1), problem
+                yield SOURCE_IMPORT.id, getattr(node, "lineno", 1), problem
         if id(node) in allowed:
             continue
         problem = _dynamic_problem(node, callees, torch_names)
         if problem:
-            yield "source.dynamic", getattr(node, "lineno", 1), problem
+            yield SOURCE_DYNAMIC.id, getattr(node, "lineno", 1), problem
 
 
 def check_source(spec: Spec, texts: Mapping[str, str | None], shared: set[str]) -> list[Violation]:
@@ -297,7 +298,7 @@ def check_source(spec: Spec, texts: Mapping[str, str | None], shared: set[str]) 
         except SyntaxError as err:
             out.append(
                 Violation(
-                    "source.dynamic",
+                    SOURCE_DYNAMIC.id,
                     path,
                     err.lineno,
                     f"cannot parse ({err.msg}), so it cannot be read",

@@ -17,26 +17,27 @@ from collections.abc import Mapping
 from typing import Any
 
 from niels_gpt_contracts.fingerprint import owner
-from niels_gpt_contracts.rules import RuleDoc
+from niels_gpt_contracts.rules import Rule
 
-# The rule ids this module emits, each with what SARIF shows of it
-# (``reporters.rule_index`` gathers every module's).
-RULE_DOCS: dict[str, RuleDoc] = {
-    "device.stale": RuleDoc(
-        "A device report was produced from another tree than the one judged.",
-        "Every invariant report records the fingerprint of the stage sources and tests it "
-        "ran on; a report whose fingerprint differs from the tree being judged proves "
-        "nothing about it, so the device counts as not run (broken when required).",
-        "Run the device session again on this tree: nox -s test-<device>.",
-    ),
-    "device.partial": RuleDoc(
-        "A device report covers a narrowed test selection.",
-        "A run narrowed with -k, -m, --deselect, node ids, -x or --last-failed (or an old "
-        "report that does not say what it covered) may have left out a failing test, so "
-        "it counts as not run (broken when required).",
-        "Run the whole device session without narrowing options.",
-    ),
-}
+# The rules this module emits, each with what SARIF shows of it; defining one
+# registers it (``rules.registry``).
+DEVICE_STALE = Rule(
+    "device.stale",
+    "A device report was produced from another tree than the one judged.",
+    "Every invariant report records the fingerprint of the stage sources and tests it "
+    "ran on; a report whose fingerprint differs from the tree being judged proves "
+    "nothing about it, so the device counts as not run (broken when required).",
+    "Run the device session again on this tree: nox -s test-<device>.",
+)
+
+DEVICE_PARTIAL = Rule(
+    "device.partial",
+    "A device report covers a narrowed test selection.",
+    "A run narrowed with -k, -m, --deselect, node ids, -x or --last-failed (or an old "
+    "report that does not say what it covered) may have left out a failing test, so "
+    "it counts as not run (broken when required).",
+    "Run the whole device session without narrowing options.",
+)
 
 __all__ = ["fresh_failures", "stale_section"]
 
@@ -69,26 +70,26 @@ def stale_section(
         if name not in keys or (section is None and name == stage):
             continue  # a stage gone from the tree, or one no test ran for: counts decide
         if section is None:
-            return "device.stale", (
+            return DEVICE_STALE.id, (
                 f"the {device} report ({path}) has outcomes of {name}'s tests but no record "
                 f"of the tree they ran on: {_rerun(device, name)}"
             )
         key = str(section.get("key", ""))
         if key != keys[name]:
-            return "device.stale", (
+            return DEVICE_STALE.id, (
                 f"the {device} report's tests of {name} ({path}) ran on another tree "
                 f"(key {key[:12] or 'unknown'}, the tree judged has {keys[name][:12]}): "
                 f"{_rerun(device, name)}"
             )
         if not section.get("complete"):
-            return "device.partial", (
+            return DEVICE_PARTIAL.id, (
                 f"the {device} report ({path}) holds {name}'s tests only in part (the run "
                 f"that wrote them was given part of their folders): {_rerun(device, name)}"
             )
         collected = [str(t) for t in section.get("collected", [])]
         missing = [t for t in collected if tests.get(t, {}).get("key") != keys[name]]
         if missing:
-            return "device.partial", (
+            return DEVICE_PARTIAL.id, (
                 f"{len(missing)} of {name}'s {len(collected)} tests have no outcome on this "
                 f"tree in the {device} report ({path}; first: {missing[0]}): "
                 f"{_rerun(device, name)}"

@@ -18,34 +18,53 @@ from typing import Literal
 from niels_gpt_contracts.mutants.catalogue import Mutant
 from niels_gpt_contracts.mutants.launcher import OVERLAY_MISSED, SERVER_DIED, Run
 from niels_gpt_contracts.result import Violation
-from niels_gpt_contracts.rules import RuleDoc
+from niels_gpt_contracts.rules import Rule
 
 Status = Literal["killed", "survived", "stale", "error", "pending"]
 
-# The rule ids this module emits, each with what SARIF shows of it
-# (``reporters.rule_index`` gathers every module's).
-RULE_DOCS: dict[str, RuleDoc] = {
-    "mutant.survived": RuleDoc(
-        "A catalogued bug was not caught by the stage's tests.",
-        "Each stage's spec lists known bugs (mutants); the tests that claim the stage's "
-        "invariants must fail on every one of them.",
-        "Strengthen the tests (claiming the right invariant) until they fail on the "
-        "mutant; never delete the mutant.",
-    ),
-    "mutant.stale": RuleDoc(
-        "A catalogued bug no longer applies to the code.",
-        "A mutant's find text must occur in its module exactly as often as it says; when "
-        "the code moves on, the mutant tests nothing until it is rewritten.",
-        "Rewrite the mutant's find/replace against the current source.",
-    ),
-    "mutant.pending": RuleDoc(
-        "A mutant is still marked for re-targeting.",
-        "A maintainers' amendment may mark mutants whose code its stage PR rewrites "
-        "(retarget = true): that PR's verdict reports them NOT RUN. Outside that verdict the "
-        "mark means a known bug goes unchecked, so the mutant gate fails on it.",
-        "Rewrite the mutant's find/replace at the new code (the same bug), prove it killed "
-        "(nox -s mutants -- --stage S) and remove the mark, in a maintainers' commit.",
-    ),
+# The rules this module emits, each with what SARIF shows of it; defining one
+# registers it (``rules.registry``).
+MUTANT_SURVIVED = Rule(
+    "mutant.survived",
+    "A catalogued bug was not caught by the stage's tests.",
+    "Each stage's spec lists known bugs (mutants); the tests that claim the stage's "
+    "invariants must fail on every one of them.",
+    "Strengthen the tests (claiming the right invariant) until they fail on the "
+    "mutant; never delete the mutant.",
+)
+
+MUTANT_STALE = Rule(
+    "mutant.stale",
+    "A catalogued bug no longer applies to the code.",
+    "A mutant's find text must occur in its module exactly as often as it says; when "
+    "the code moves on, the mutant tests nothing until it is rewritten.",
+    "Rewrite the mutant's find/replace against the current source.",
+)
+
+MUTANT_PENDING = Rule(
+    "mutant.pending",
+    "A mutant is still marked for re-targeting.",
+    "A maintainers' amendment may mark mutants whose code its stage PR rewrites "
+    "(retarget = true): that PR's verdict reports them NOT RUN. Outside that verdict the "
+    "mark means a known bug goes unchecked, so the mutant gate fails on it.",
+    "Rewrite the mutant's find/replace at the new code (the same bug), prove it killed "
+    "(nox -s mutants -- --stage S) and remove the mark, in a maintainers' commit.",
+)
+
+MUTANT_ERROR = Rule(
+    "mutant.error",
+    "A mutant run ended in error.",
+    "A run that times out or crashes does not show the bug was caught, so it counts "
+    "against the gate.",
+    "Look at the reason in the message; fix the tests or the timeout.",
+)
+
+# The rule a mutant's fate breaks, by its status.
+BY_STATUS: dict[Status, Rule] = {
+    "survived": MUTANT_SURVIVED,
+    "stale": MUTANT_STALE,
+    "error": MUTANT_ERROR,
+    "pending": MUTANT_PENDING,
 }
 
 # "FAILED <node id> - <message>": a parametrised id may hold spaces, not " - ".
@@ -160,7 +179,7 @@ def violations(result: MutantsResult) -> list[Violation]:
     """One ``mutant.<status>`` violation a mutant not killed, on its line in its spec."""
     return [
         Violation(
-            rule=f"mutant.{v.status}",
+            rule=BY_STATUS[v.status].id,
             path=v.mutant.spec_path,
             line=v.mutant.line,
             message=f"{v.mutant.name}: {v.mutant.text} -> {v.status}: {v.reason}",

@@ -1,103 +1,59 @@
-"""Every fixed rule id the checker emits, gathered from the modules that emit them.
+"""Every fixed rule id the checker emits, read from the rule registry.
 
-Each emitting module describes its own ids in a ``RULE_DOCS`` table beside
-the code that raises them; ``RULES`` merges those tables here, in the report
-layer, which may import every layer below it. An id described twice is a
-checker bug and fails at import (``gather``). ``rule_doc`` and ``spec_rule``
-say how one violation is described: by the spec that defines its rule
+A fixed rule is a ``rules.Rule`` defined beside the check that emits it, and
+defining it registers it. ``RULES`` imports every module of the packages that
+emit rules (``RULE_PACKAGES``; their ``_``-prefixed modules are sandbox
+scripts and define none) and reads the registry, here in the report layer,
+which may import every layer below it. ``rule_doc`` and ``spec_rule`` say how
+one violation is described: by the spec that defines its rule
 (``static.<id>``, ``runtime.<id>``; two stages may word the same id
 differently), else by ``RULES``, else as ``unregistered``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from types import ModuleType
+import importlib
+import pkgutil
 
-from niels_gpt_contracts.checks import (
-    amendment,
-    api,
-    api_source,
-    autoload,
-    coverage,
-    device_branches,
-    devices,
-    invariants,
-    modules,
-    name_rules,
-    names,
-    paths,
-    source,
-    staleness,
-)
-from niels_gpt_contracts.mutants import fates
 from niels_gpt_contracts.result import Result
-from niels_gpt_contracts.rules import RuleDoc, SpecRule
-from niels_gpt_contracts.verdict import (
-    explain,
-    mutation,
-    oracle,
-    oracle_aftermath,
-    oracle_compare,
-    protocol_rules,
-    ratchet,
-    removed,
-    weakened,
-)
+from niels_gpt_contracts.rules import Rule, RuleDoc, SpecRule, registered
 
-EMITTERS: tuple[ModuleType, ...] = (
-    paths,
-    autoload,
-    modules,
-    source,
-    name_rules,
-    names,
-    api,
-    api_source,
-    invariants,
-    amendment,
-    devices,
-    device_branches,
-    staleness,
-    coverage,
-    ratchet,
-    removed,
-    weakened,
-    mutation,
-    fates,
-    oracle,
-    oracle_compare,
-    oracle_aftermath,
-    explain,
-    protocol_rules,
+RULE_PACKAGES = (
+    "niels_gpt_contracts.checks",
+    "niels_gpt_contracts.verdict",
+    "niels_gpt_contracts.mutants",
 )
 
 
-def gather(tables: Iterable[tuple[str, Mapping[str, RuleDoc]]]) -> dict[str, RuleDoc]:
-    """The ``(module name, RULE_DOCS)`` tables merged into one.
-
-    Raises:
-        ValueError: an id two modules describe (naming it and both modules).
-    """
-    merged: dict[str, RuleDoc] = {}
-    owner: dict[str, str] = {}
-    for module, table in tables:
-        for rule, doc in table.items():
-            if rule in merged:
-                raise ValueError(f"rule {rule!r} is described in {owner[rule]} and in {module}")
-            merged[rule], owner[rule] = doc, module
-    return merged
+def emitting_modules() -> list[str]:
+    """The names of every module of ``RULE_PACKAGES``, sandbox scripts (``_*``) left out."""
+    names: list[str] = []
+    for package in RULE_PACKAGES:
+        path = importlib.import_module(package).__path__
+        names += [
+            m.name
+            for m in pkgutil.iter_modules(path, f"{package}.")
+            if not m.name.rsplit(".", 1)[1].startswith("_")
+        ]
+    return names
 
 
-RULES: dict[str, RuleDoc] = gather((m.__name__, m.RULE_DOCS) for m in EMITTERS)
+def discover() -> dict[str, Rule]:
+    """Every rule the checker defines: its emitting modules imported, the registry read."""
+    for name in emitting_modules():
+        importlib.import_module(name)
+    return registered()
+
+
+RULES: dict[str, Rule] = discover()
 
 
 def unregistered(rule: str) -> RuleDoc:
-    """The description of an id no module describes (reporters never crash on one)."""
+    """The description of an id no module defines (reporters never crash on one)."""
     return RuleDoc(
         f"Rule {rule}.",
-        f"Rule {rule!r} has no registered description (a checker bug: add it to the "
-        "RULE_DOCS table of the module that emits it).",
+        f"Rule {rule!r} has no registered description (a checker bug: define it as a "
+        "rules.Rule beside the code that emits it).",
         "See the result's message.",
     )
 
@@ -123,4 +79,5 @@ def rule_doc(result: Result, rule: str, stage: str, path: str | None = None) -> 
     own = spec_rule(result, rule, stage, path)
     if own is not None:
         return own.doc()
-    return RULES.get(rule) or unregistered(rule)
+    fixed = RULES.get(rule)
+    return fixed.doc if fixed is not None else unregistered(rule)

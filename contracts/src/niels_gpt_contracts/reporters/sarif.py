@@ -74,7 +74,7 @@ def rule_id(result: Result, v: Violation) -> str:
 
 
 def _rules(result: Result, violations: list[Violation]) -> list[dict[str, Any]]:
-    docs: dict[str, RuleDoc] = dict(RULES)
+    docs: dict[str, RuleDoc] = {rid: r.doc for rid, r in RULES.items()}
     for (stage, rule), defined in result.spec_rules.items():
         docs[f"{rule}/{stage}"] = defined.doc()
     for v in violations:
@@ -150,7 +150,7 @@ def render(result: Result) -> str:
 
 
 def render_error(message: str) -> str:
-    rules = [_descriptor(rid, doc) for rid, doc in sorted(RULES.items())]
+    rules = [_descriptor(rid, r.doc) for rid, r in sorted(RULES.items())]
     run = {
         "tool": {"driver": _driver(rules)},
         "invocations": [

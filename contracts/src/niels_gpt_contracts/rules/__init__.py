@@ -1,10 +1,10 @@
-"""What a rule is: ``RuleDoc`` (the three texts SARIF shows of a rule id) and
+"""What a rule is: ``Rule`` (a fixed rule id, its documentation, registered where
+it is defined), ``RuleDoc`` (the three texts SARIF shows of a rule id) and
 ``SpecRule`` (a rule a stage's spec defines, described by that spec).
 
-A fixed rule id is described beside the code that emits it: each emitting
-module holds a ``RULE_DOCS`` table of its own ids (``checks.paths`` holds
-``path.meta``, ``verdict.ratchet`` holds ``tests.failed``, ...), and
-``reporters.rule_index`` gathers them, the way ruff keeps a rule's
+A fixed rule is a ``Rule`` object defined beside the code that emits it
+(``checks.paths`` defines ``path.meta``, ``verdict.ratchet`` ``tests.failed``);
+defining it registers it (``registered``), the way ruff keeps a rule's
 documentation with its implementation. A spec-defined id (``static.<id>``,
 ``runtime.<id>``) is described by its spec, stage by stage: two stages may
 define the same id with different texts. This package imports nothing from
@@ -14,6 +14,7 @@ the checker, so every layer may use it.
 from __future__ import annotations
 
 from niels_gpt_contracts.rules.doc import GATE_FROM_BASE, RuleDoc
+from niels_gpt_contracts.rules.registry import Rule, registered
 from niels_gpt_contracts.rules.spec_rules import SPEC_RULE_KINDS, SpecRule
 
-__all__ = ["GATE_FROM_BASE", "SPEC_RULE_KINDS", "RuleDoc", "SpecRule"]
+__all__ = ["GATE_FROM_BASE", "SPEC_RULE_KINDS", "Rule", "RuleDoc", "SpecRule", "registered"]

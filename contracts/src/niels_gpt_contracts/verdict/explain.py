@@ -28,24 +28,48 @@ from typing import Any
 import numpy as np
 
 from niels_gpt_contracts.result import Violation
-from niels_gpt_contracts.rules import RuleDoc
+from niels_gpt_contracts.rules import Rule
 from niels_gpt_contracts.sandbox.oracle_run import Call
 from niels_gpt_contracts.spec import Spec
 
-# The rule ids this module emits, each with what SARIF shows of it
-# (``reporters.rule_index`` gathers every module's).
-RULE_DOCS: dict[str, RuleDoc] = {
-    "oracle.follows": RuleDoc(
-        "A stage that calls the changed one fails the oracle too.",
-        "A stage that depends on the stage the PR changes calls its code, so a change of "
-        "behaviour there shows up in every dependant's calls. One line per dependant says "
-        "so instead of repeating the numbers against files the PR never touched; the "
-        "changed stage's own rows say what broke.",
-        "Fix the changed stage's rows; the dependants' follow.",
-    ),
-}
+# The rules this module emits, each with what SARIF shows of it; defining one
+# registers it (``rules.registry``).
+ORACLE_FOLLOWS = Rule(
+    "oracle.follows",
+    "A stage that calls the changed one fails the oracle too.",
+    "A stage that depends on the stage the PR changes calls its code, so a change of "
+    "behaviour there shows up in every dependant's calls. One line per dependant says "
+    "so instead of repeating the numbers against files the PR never touched; the "
+    "changed stage's own rows say what broke.",
+    "Fix the changed stage's rows; the dependants' follow.",
+)
 
-FOLLOWS = "oracle.follows"
+ORACLE_DIFFERS = Rule(
+    "oracle.differs",
+    "The PR's code answers an oracle call unlike the base's code.",
+    "The checker drives each closure stage's public API with inputs drawn from a "
+    "secret per-verdict seed over the spec's whole domain, in a plain Python process "
+    "that looks like a user's, and compares the tensors with the same calls on the "
+    "base's code (or the spec's float64 reference) within dtype-derived bounds. A "
+    "difference beyond the bound, another exception type or other outputs is a "
+    "change of behaviour that no test has to catch.",
+    "Reproduce it with the call and inputs the message names (contracts pr "
+    "--oracle-seed N replays the seed); make the code compute what the base's does.",
+)
+
+ORACLE_INVARIANT = Rule(
+    "oracle.invariant",
+    "An invariant the oracle checks does not hold on the PR's code.",
+    "Where no second implementation can stand in (dropout in training), the oracle's "
+    "driver checks the spec's invariants between calls: later tokens never change "
+    "earlier outputs, rows of a batch are independent, a padded row equals the row "
+    "alone, a cached call equals the uncached one, probabilities are causal.",
+    "Reproduce the two calls the message names and make the invariant hold.",
+)
+
+FOLLOWS = ORACLE_FOLLOWS.id
+DIFFERS = ORACLE_DIFFERS.id
+INVARIANT = ORACLE_INVARIANT.id
 SIZE = re.compile(r"(?<![\w.])(B|T|t|scale)[= ](\d+(?:\.\d+)?)")  # not cfg.T=
 SCALE = re.compile(r"\bscale[= ]?(\d+(?:\.\d+)?)")
 RELATION_WORDS = {
@@ -174,7 +198,7 @@ def summarise(
     out: list[Violation] = []
     folded: dict[str, list[Violation]] = {}
     for v, owner in zip(found, owners, strict=True):
-        foldable = v.rule in ("oracle.differs", "oracle.invariant")
+        foldable = v.rule in (DIFFERS, INVARIANT)
         if owner != pr_stage and pr_stage in depends.get(owner, set()) and foldable:
             if owner not in folded:
                 folded[owner] = []
@@ -184,8 +208,8 @@ def summarise(
             out.append(v)
     for owner, rows in folded.items():
         n = Counter(r.rule for r in rows)
-        parts = [f"{n['oracle.differs']} differing call(s)"] if n["oracle.differs"] else []
-        parts += [f"{n['oracle.invariant']} broken invariant(s)"] if n["oracle.invariant"] else []
+        parts = [f"{n[DIFFERS]} differing call(s)"] if n[DIFFERS] else []
+        parts += [f"{n[INVARIANT]} broken invariant(s)"] if n[INVARIANT] else []
         line = (
             f"{owner}: follows from {pr_stage}: {' and '.join(parts)} there too; {owner} "
             f"depends on {pr_stage}, which this PR changes (see {pr_stage}'s rows)"

@@ -18,7 +18,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import niels_gpt_contracts
+from niels_gpt_contracts.rules import Rule
 from niels_gpt_contracts.sandbox.environment import Snapshot
+
+SANDBOX_TAMPERED = Rule(
+    "sandbox.tampered",
+    "A protected file changed while the PR's code ran.",
+    "The checker, the sandbox interpreter and the verdict's workspace are hashed "
+    "before the PR's code runs and checked after; a change means the PR's code "
+    "reached what judges it, and the verdict cannot stand.",
+    "Find what in the PR writes outside its own files, and remove it.",
+)
 
 # Modules that run only inside the sandbox (scripts, and the pytest plugin that
 # the sandbox's pytest loads from the bootstrap copy), never in the checker:

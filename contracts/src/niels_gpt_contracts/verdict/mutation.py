@@ -34,23 +34,14 @@ from niels_gpt_contracts.mutants.runner import (
 )
 from niels_gpt_contracts.mutants.store import Cache
 from niels_gpt_contracts.result import BROKEN, KEPT, NOT_RUN, Outcome, Violation
-from niels_gpt_contracts.rules import RuleDoc
 from niels_gpt_contracts.sandbox import processes
 from niels_gpt_contracts.sandbox.environment import Sandbox
 from niels_gpt_contracts.sandbox.pytest_run import PLUGINS
 from niels_gpt_contracts.sandbox.workspace import src_roots
 from niels_gpt_contracts.verdict import plan
 
-# The rule ids this module emits, each with what SARIF shows of it
-# (``reporters.rule_index`` gathers every module's).
-RULE_DOCS: dict[str, RuleDoc] = {
-    "mutant.error": RuleDoc(
-        "A mutant run ended in error.",
-        "A run that times out or crashes does not show the bug was caught, so it counts "
-        "against the gate.",
-        "Look at the reason in the message; fix the tests or the timeout.",
-    ),
-}
+# The rules this module emits, each with what SARIF shows of it; defining one
+# registers it (``rules.registry``).
 
 if TYPE_CHECKING:
     from niels_gpt_contracts.verdict.files import Workspace
@@ -86,7 +77,7 @@ def _texts(root: Path) -> dict[str, str]:
 
 
 def _error(stage: str, summary: str, message: str, path: str | None = None) -> Outcome:
-    found = [Violation("mutant.error", path, None, message, stage, "mutants")]
+    found = [Violation(fates.MUTANT_ERROR.id, path, None, message, stage, "mutants")]
     return Outcome(stage, "mutants", BROKEN, summary, found)
 
 

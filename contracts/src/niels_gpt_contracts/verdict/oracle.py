@@ -38,25 +38,16 @@ from niels_gpt_contracts.checks import pr_context, speckit
 from niels_gpt_contracts.checks.modules import namespaces
 from niels_gpt_contracts.errors import ConfigError
 from niels_gpt_contracts.result import BROKEN, KEPT, NOT_RUN, Outcome, Violation
-from niels_gpt_contracts.rules import RuleDoc
 from niels_gpt_contracts.sandbox import oracle_run, workspace
 from niels_gpt_contracts.sandbox.environment import Sandbox
 from niels_gpt_contracts.sandbox.oracle_run import Job, Stream
 from niels_gpt_contracts.spec import Spec
 from niels_gpt_contracts.verdict import explain, oracle_aftermath, plan, repro
-from niels_gpt_contracts.verdict.oracle_compare import Judge, differs_from
+from niels_gpt_contracts.verdict.integrity import SANDBOX_TAMPERED
+from niels_gpt_contracts.verdict.oracle_compare import ORACLE_ERROR, Judge, differs_from
 
-# The rule ids this module emits, each with what SARIF shows of it
-# (``reporters.rule_index`` gathers every module's).
-RULE_DOCS: dict[str, RuleDoc] = {
-    "sandbox.tampered": RuleDoc(
-        "A protected file changed while the PR's code ran.",
-        "The checker, the sandbox interpreter and the verdict's workspace are hashed "
-        "before the PR's code runs and checked after; a change means the PR's code "
-        "reached what judges it, and the verdict cannot stand.",
-        "Find what in the PR writes outside its own files, and remove it.",
-    ),
-}
+# The rules this module emits, each with what SARIF shows of it; defining one
+# registers it (``rules.registry``).
 
 CHECK = "oracle:cpu"
 
@@ -166,7 +157,7 @@ def judge(
     missing = [s for s in stages if s not in based and not (s.oracle and s.oracle.references)]
     if missing:
         why = f"{missing[0].id} is new here and its [oracle] names no float64 reference"
-        found = [Violation("oracle.error", missing[0].path, None, why, stage, CHECK)]
+        found = [Violation(ORACLE_ERROR.id, missing[0].path, None, why, stage, CHECK)]
         return Outcome(stage, CHECK, BROKEN, "nothing to compare a first PR with", found)
     root = code[0].parent / "oracle"
     drivers = [f for f in base_files if any(f.startswith(f"specs/{s.id}/") for s in stages)]
@@ -178,7 +169,7 @@ def judge(
     say("oracle: " + ", ".join(f"{s.label} {s.seconds:.1f} s" for s in streams))
     if changed:
         why = f"{changed[0]} changed while the oracle's workers ran ({len(changed)} file(s))"
-        found = [Violation("sandbox.tampered", changed[0], None, why, stage, CHECK)]
+        found = [Violation(SANDBOX_TAMPERED.id, changed[0], None, why, stage, CHECK)]
         return Outcome(stage, CHECK, BROKEN, "the oracle's code or drivers changed", found)
     for trusted in streams[1:]:
         errors = list(trusted.driver_errors.values())
@@ -239,7 +230,7 @@ def _reproduce(
     if changed:
         why = f"{changed[0]} changed while the reproducer's capture ran"
         outcome.violations.append(
-            Violation("sandbox.tampered", changed[0], None, why, spec.id, CHECK)
+            Violation(SANDBOX_TAMPERED.id, changed[0], None, why, spec.id, CHECK)
         )
         return
     names = {n for s in ctx.specs.values() for n in _modules([s], set(s.module_files))}
@@ -306,7 +297,7 @@ def _decide(
     j = Judge(stage, CHECK, changed)
     problem = head.problem or head.fatal
     if problem:
-        j.add(stages[0], "oracle.error", f"the PR's code gave no usable answer: {problem}")
+        j.add(stages[0], ORACLE_ERROR.id, f"the PR's code gave no usable answer: {problem}")
         return Outcome(stage, CHECK, BROKEN, "the PR's oracle worker failed", j.found), j
     history = 0  # calls where the base differs from the reference
     for spec in stages:

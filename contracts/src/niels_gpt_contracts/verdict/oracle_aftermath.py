@@ -23,36 +23,39 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
-from niels_gpt_contracts.rules import RuleDoc
+from niels_gpt_contracts.rules import Rule
 from niels_gpt_contracts.sandbox.oracle_run import Stream
 from niels_gpt_contracts.spec import Spec
 from niels_gpt_contracts.verdict.oracle_compare import Judge
 
-# The rule ids this module emits, each with what SARIF shows of it
-# (``reporters.rule_index`` gathers every module's).
-RULE_DOCS: dict[str, RuleDoc] = {
-    "oracle.side-effect": RuleDoc(
-        "A call left something behind that the base's call does not.",
-        "What a call leaves is part of its result: its inputs unchanged, the outputs of "
-        "earlier calls unchanged by later ones (no aliasing), and the global state after it "
-        "(grad and inference mode, default dtype, threads, deterministic flag, autocast, "
-        "whether it drew from the global generator) as the base leaves it.",
-        "Return fresh tensors, leave arguments and global state alone, draw as the base does.",
-    ),
-    "oracle.cost": RuleDoc(
-        "A call dispatches far more work than the base's.",
-        "The worker counts the ATen ops and FLOPs of calls drawn from the secret seed; more "
-        "than 1.5 times the base's (plus a small slack) refuses a slower stage without any "
-        "wall clock, so neither a busy machine nor a fast one decides it.",
-        "Count the call's ops (a TorchDispatchMode or FlopCounterMode) and remove the extra.",
-    ),
-    "oracle.memory": RuleDoc(
-        "A stage's modules or caches hold far more memory than the base's.",
-        "Drivers report the bytes of the storages a module or cache keeps alive "
-        "(o.held); more than 1.25 times the base's is refused.",
-        "Allocate what is used; keep no copies alive after the call.",
-    ),
-}
+# The rules this module emits, each with what SARIF shows of it; defining one
+# registers it (``rules.registry``).
+ORACLE_SIDE_EFFECT = Rule(
+    "oracle.side-effect",
+    "A call left something behind that the base's call does not.",
+    "What a call leaves is part of its result: its inputs unchanged, the outputs of "
+    "earlier calls unchanged by later ones (no aliasing), and the global state after it "
+    "(grad and inference mode, default dtype, threads, deterministic flag, autocast, "
+    "whether it drew from the global generator) as the base leaves it.",
+    "Return fresh tensors, leave arguments and global state alone, draw as the base does.",
+)
+
+ORACLE_COST = Rule(
+    "oracle.cost",
+    "A call dispatches far more work than the base's.",
+    "The worker counts the ATen ops and FLOPs of calls drawn from the secret seed; more "
+    "than 1.5 times the base's (plus a small slack) refuses a slower stage without any "
+    "wall clock, so neither a busy machine nor a fast one decides it.",
+    "Count the call's ops (a TorchDispatchMode or FlopCounterMode) and remove the extra.",
+)
+
+ORACLE_MEMORY = Rule(
+    "oracle.memory",
+    "A stage's modules or caches hold far more memory than the base's.",
+    "Drivers report the bytes of the storages a module or cache keeps alive "
+    "(o.held); more than 1.25 times the base's is refused.",
+    "Allocate what is used; keep no copies alive after the call.",
+)
 
 MAX_PER_RULE = 2  # violations reported per stage and rule
 COST_RATIO, OPS_SLACK, FLOPS_SLACK = 1.5, 16, 4096
@@ -65,7 +68,7 @@ STATE = {
     "deterministic": "the deterministic-algorithms flag",
     "autocast": "CPU autocast (enabled, dtype)",
 }
-SIDE, MEMORY, COST = "oracle.side-effect", "oracle.memory", "oracle.cost"
+SIDE, MEMORY, COST = ORACLE_SIDE_EFFECT.id, ORACLE_MEMORY.id, ORACLE_COST.id
 
 
 class Malformed(ValueError):

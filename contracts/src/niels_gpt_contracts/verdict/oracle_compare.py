@@ -18,41 +18,24 @@ from collections.abc import Set as AbstractSet
 from typing import Any
 
 from niels_gpt_contracts.result import Violation
-from niels_gpt_contracts.rules import RuleDoc
+from niels_gpt_contracts.rules import Rule
 from niels_gpt_contracts.sandbox.oracle_run import Call, Stream
 from niels_gpt_contracts.spec import Spec
 from niels_gpt_contracts.verdict import explain, tolerance
+from niels_gpt_contracts.verdict.explain import ORACLE_DIFFERS, ORACLE_INVARIANT
 
-# The rule ids this module emits, each with what SARIF shows of it
-# (``reporters.rule_index`` gathers every module's).
-RULE_DOCS: dict[str, RuleDoc] = {
-    "oracle.differs": RuleDoc(
-        "The PR's code answers an oracle call unlike the base's code.",
-        "The checker drives each closure stage's public API with inputs drawn from a "
-        "secret per-verdict seed over the spec's whole domain, in a plain Python process "
-        "that looks like a user's, and compares the tensors with the same calls on the "
-        "base's code (or the spec's float64 reference) within dtype-derived bounds. A "
-        "difference beyond the bound, another exception type or other outputs is a "
-        "change of behaviour that no test has to catch.",
-        "Reproduce it with the call and inputs the message names (contracts pr "
-        "--oracle-seed N replays the seed); make the code compute what the base's does.",
-    ),
-    "oracle.invariant": RuleDoc(
-        "An invariant the oracle checks does not hold on the PR's code.",
-        "Where no second implementation can stand in (dropout in training), the oracle's "
-        "driver checks the spec's invariants between calls: later tokens never change "
-        "earlier outputs, rows of a batch are independent, a padded row equals the row "
-        "alone, a cached call equals the uncached one, probabilities are causal.",
-        "Reproduce the two calls the message names and make the invariant hold.",
-    ),
-    "oracle.error": RuleDoc(
-        "The oracle could not get an answer from the PR's code.",
-        "The PR's worker must import every stage of the tree and run every driver to its "
-        "end; a crash, a time-out or an unreadable answer is not evidence that the code "
-        "is right, so it counts against the PR.",
-        "Read the error in the message; import the stage as a user would and run the call.",
-    ),
-}
+# The rules this module emits, each with what SARIF shows of it; defining one
+# registers it (``rules.registry``).
+
+
+ORACLE_ERROR = Rule(
+    "oracle.error",
+    "The oracle could not get an answer from the PR's code.",
+    "The PR's worker must import every stage of the tree and run every driver to its "
+    "end; a crash, a time-out or an unreadable answer is not evidence that the code "
+    "is right, so it counts against the PR.",
+    "Read the error in the message; import the stage as a user would and run the call.",
+)
 
 MAX_PER_STAGE = 3  # violations reported per stage: the first differing calls
 
@@ -71,7 +54,7 @@ class Judge:
         self.failed: list[explain.Failed] = []  # every call that differed, for the reproducer
 
     def add(self, spec: Spec, rule: str, message: str, *, line: int | None = None) -> None:
-        path = spec.path if rule.startswith(("runtime.", "oracle.error")) else self._module(spec)
+        path = spec.path if rule.startswith(("runtime.", ORACLE_ERROR.id)) else self._module(spec)
         self.found.append(
             Violation(rule, path, line, f"{spec.id}: {message}", self.pr_stage, self.check)
         )
@@ -84,7 +67,9 @@ class Judge:
         what broke; the differing outputs mostly follow from it, so they come
         after (stable within each kind: the calls' order stays).
         """
-        order = sorted(range(len(self.found)), key=lambda i: self.found[i].rule == "oracle.differs")
+        order = sorted(
+            range(len(self.found)), key=lambda i: self.found[i].rule == ORACLE_DIFFERS.id
+        )
         return [self.found[i] for i in order], [self.owners[i] for i in order]
 
     def _module(self, spec: Spec) -> str:
@@ -112,7 +97,7 @@ class Judge:
         if spec.id in head.driver_errors:
             self.add(
                 spec,
-                "oracle.error",
+                ORACLE_ERROR.id,
                 f"the oracle driver could not finish on the PR's code: "
                 f"{head.driver_errors[spec.id]}",
             )
@@ -122,7 +107,7 @@ class Judge:
             got = head.calls.get((stage, name))
             if got is None:
                 if spec.id not in head.driver_errors:
-                    self.add(spec, "oracle.differs", f"call {name} ({want.desc}): no answer")
+                    self.add(spec, ORACLE_DIFFERS.id, f"call {name} ({want.desc}): no answer")
                 continue
             self.compared += 1
             problem = differs_from(got, want, exact=exact)
@@ -130,7 +115,7 @@ class Judge:
                 self.failed.append(explain.Failed(spec.id, name, want.desc, exact))
                 words = explain.differs(name, want.desc, got, want, exact=exact)
                 msg = f"{words}: call {name} ({want.desc}) {what}: {problem}"
-                self.add(spec, "oracle.differs", msg)
+                self.add(spec, ORACLE_DIFFERS.id, msg)
         before = len(self.found)  # invariants have their own budget: they say what broke
         for want in (c for (s, _), c in ref.calls.items() if s == spec.id):
             for relation in want.relations:
@@ -141,7 +126,7 @@ class Judge:
                 if problem:
                     where = f"call {want.name} ({want.desc})"
                     words = explain.relation(relation)
-                    self.add(spec, "oracle.invariant", f"{words}: {where}: {problem}")
+                    self.add(spec, ORACLE_INVARIANT.id, f"{words}: {where}: {problem}")
 
     def runtime(self, spec: Spec, head: Stream, ref: Stream) -> None:
         """``spec``'s runtime rules on the ops of ``head``'s calls that ``ref`` marked watched."""

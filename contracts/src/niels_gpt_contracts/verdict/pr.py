@@ -70,6 +70,7 @@ from niels_gpt_contracts.verdict import (
     static_verdict,
     testing,
 )
+from niels_gpt_contracts.verdict.integrity import SANDBOX_TAMPERED
 from niels_gpt_contracts.verdict.mutation import CACHE_NAME, run_mutants
 from niels_gpt_contracts.verdict.pipeline import Phase
 from niels_gpt_contracts.verdict.state import PrRequest, Say, State
@@ -158,7 +159,9 @@ def _usable(v: State, device: str) -> Iterator[Outcome]:
             why = f"{device} not usable here, tests not run: {found.reason}"
             spec = v.ctx.spec
             if device in v.request.require_devices:
-                w = Violation("device.not-run", spec.path, None, why, spec.id, f"device:{device}")
+                w = Violation(
+                    devices.DEVICE_NOT_RUN.id, spec.path, None, why, spec.id, f"device:{device}"
+                )
                 yield Outcome(spec.id, f"device:{device}", "BROKEN", why, [w])
             else:
                 yield Outcome(spec.id, f"device:{device}", "NOT RUN", why)
@@ -227,7 +230,7 @@ def sandbox_phase(v: State) -> Iterator[Outcome]:
         env_trust.discard(Path(v.python).parent.parent)
     message = "changed while the PR's code ran: the PR's code wrote outside its sandbox"
     found = [
-        Violation("sandbox.tampered", p, None, message, v.stage, "sandbox") for p in tampered[:20]
+        Violation(SANDBOX_TAMPERED.id, p, None, message, v.stage, "sandbox") for p in tampered[:20]
     ]
     yield _outcome(v.stage, "sandbox", found, "checker, interpreter and workspace unchanged")
 

@@ -39,7 +39,8 @@ from niels_gpt_contracts.sandbox import confine, protocol_run, workspace
 from niels_gpt_contracts.sandbox.environment import Sandbox, Snapshot
 from niels_gpt_contracts.spec import Spec
 from niels_gpt_contracts.verdict import plan
-from niels_gpt_contracts.verdict.protocol_rules import Pair, judge
+from niels_gpt_contracts.verdict.integrity import SANDBOX_TAMPERED
+from niels_gpt_contracts.verdict.protocol_rules import PROTOCOL_ERROR, Pair, judge
 
 CHECK = "protocol"
 CONFIG = "ModelConfig"  # the class every stage's modules are built from
@@ -275,7 +276,7 @@ def judge_protocol(
     say(f"protocol: base {base.seconds:.1f} s, head {head.seconds:.1f} s, seed {seed:#x}")
     if changed:
         why = f"{changed[0]} changed while the PR's protocol worker ran ({len(changed)} file(s))"
-        found = [Violation("sandbox.tampered", changed[0], None, why, stage, CHECK)]
+        found = [Violation(SANDBOX_TAMPERED.id, changed[0], None, why, stage, CHECK)]
         return Outcome(stage, CHECK, BROKEN, "the base's weights or code changed", found)
     breaks = declared_breaks(ctx.repo, ctx.base, ctx.specs)
     return decide(p.stage, list(ctx.specs.values()), drawn, base, head, seed, breaks)
@@ -309,7 +310,7 @@ def decide(
     problem = head.problem or head.report.get("fatal")
     if problem:
         why = f"the PR's code gave no usable answer: {problem} (the base's: {base.seconds:.0f} s)"
-        found = [Violation("protocol.error", spec.path, None, why, stage, CHECK)]
+        found = [Violation(PROTOCOL_ERROR.id, spec.path, None, why, stage, CHECK)]
         return Outcome(stage, CHECK, BROKEN, "the PR's protocol worker failed", found)
     found = []
     probed = 0

@@ -1,12 +1,12 @@
 """The module protocol's rules: what every ``nn.Module`` promises, judged against the base.
 
-Each rule is one ``ProtocolRule`` object: its id, its documentation and its
-check together; ``RULES`` lists them in the order a verdict reads them (the
-broken promise before the numbers that follow from it), and ``RULE_DOCS`` is
-derived from them. A check takes one class at one size (``Pair``: the PR's
-and the base's reports and outputs, ``sandbox._protocol_probes``) and returns
-what it found in words; an empty list is KEPT. Adding a promise is adding one
-object here and the measurement it reads.
+Each rule is one ``ProtocolRule`` object: its ``Rule`` (id and documentation,
+registered) and its check together; ``RULES`` lists them in the order a verdict
+reads them (the broken promise before the numbers that follow from it). A check
+takes one class at one size (``Pair``: the PR's and the base's reports and
+outputs, ``sandbox._protocol_probes``) and returns what it found in words; an
+empty list is KEPT. Adding a promise is adding one object here and the
+measurement it reads.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from niels_gpt_contracts.rules import RuleDoc
+from niels_gpt_contracts.rules import Rule
 from niels_gpt_contracts.sandbox.oracle_run import Output
 from niels_gpt_contracts.verdict import tolerance
 
@@ -48,11 +48,14 @@ class Pair:
 
 @dataclass(frozen=True)
 class ProtocolRule:
-    """One promise: its id, what SARIF shows of it, and its check."""
+    """One promise: its rule (id and what SARIF shows of it) and its check."""
 
-    id: str
-    doc: RuleDoc
+    rule: Rule
     check: Callable[[Pair], list[str]]
+
+    @property
+    def id(self) -> str:
+        return self.rule.id
 
 
 def _differ(
@@ -254,10 +257,18 @@ def _load(p: Pair) -> list[str]:
     ][:3]
 
 
+PROTOCOL_ERROR = Rule(
+    "protocol.error",
+    "The PR's module-protocol worker gave no usable answer.",
+    "The worker imports the PR's tree and probes every module class; a crash, a "
+    "timeout or a malformed report is no evidence the promises hold.",
+    "Make the package importable and its modules buildable in a plain process.",
+)  # emitted by the phase (``verdict.protocol``), not per class
+
 RULES: tuple[ProtocolRule, ...] = (
     ProtocolRule(
-        "protocol.build",
-        RuleDoc(
+        Rule(
+            "protocol.build",
             "A module class no longer builds or answers the input the base's answered.",
             "Every nn.Module class a stage exports is built from a configuration drawn by "
             "the verdict and called with the first input kind the base's class answers.",
@@ -266,8 +277,8 @@ RULES: tuple[ProtocolRule, ...] = (
         _build,
     ),
     ProtocolRule(
-        "protocol.state-dict",
-        RuleDoc(
+        Rule(
+            "protocol.state-dict",
             "A state_dict's keys, shapes, dtypes or persistence differ from the base's.",
             "Checkpoints are state_dicts: a renamed, reshaped or newly persistent entry "
             "breaks every saved model. Change them only through a spec amendment.",
@@ -276,8 +287,8 @@ RULES: tuple[ProtocolRule, ...] = (
         _schema,
     ),
     ProtocolRule(
-        "protocol.hooks",
-        RuleDoc(
+        Rule(
+            "protocol.hooks",
             "Forward hooks on a submodule fire otherwise than on the base.",
             "Activation capture, pruning and FSDP's unshard hooks rely on each submodule "
             "being called; work computed without calling a submodule skips its hooks.",
@@ -286,8 +297,8 @@ RULES: tuple[ProtocolRule, ...] = (
         _hooks,
     ),
     ProtocolRule(
-        "protocol.init",
-        RuleDoc(
+        Rule(
+            "protocol.init",
             "Init ignores the caller's seed, changes its statistics, or ties blocks.",
             "Two seeds must give different parameters where the base's do; each parameter's "
             "mean and std agree with the base's within six standard errors of its size; no "
@@ -297,8 +308,8 @@ RULES: tuple[ProtocolRule, ...] = (
         _init,
     ),
     ProtocolRule(
-        "protocol.process-state",
-        RuleDoc(
+        Rule(
+            "protocol.process-state",
             "A step of a module's life leaves global torch state changed.",
             "Compiler stance and configs, backend flags, every torch get_/is_ state, RNG, "
             "global hooks, mode stacks and the environment are compared before and after each "
@@ -308,8 +319,8 @@ RULES: tuple[ProtocolRule, ...] = (
         _state,
     ),
     ProtocolRule(
-        "protocol.memory",
-        RuleDoc(
+        Rule(
+            "protocol.memory",
             "A module holds more tensor bytes after its calls than the base's.",
             "Bytes of live tensor storage after 1 and 20 calls and after a backward, outputs "
             "released, for every module class, cached or not.",
@@ -318,8 +329,8 @@ RULES: tuple[ProtocolRule, ...] = (
         _memory,
     ),
     ProtocolRule(
-        "protocol.compile",
-        RuleDoc(
+        Rule(
+            "protocol.compile",
             "torch.compile of a module breaks its graph or recompiles more than the base's.",
             "Graph breaks (a tensor read in Python, say) cost a host sync each call and make "
             "fullgraph compilation raise; a recompile per call makes compilation useless.",
@@ -328,8 +339,8 @@ RULES: tuple[ProtocolRule, ...] = (
         _compile,
     ),
     ProtocolRule(
-        "protocol.decode-compile",
-        RuleDoc(
+        Rule(
+            "protocol.decode-compile",
             "A decoder's compiled steps compile more graphs than the base's, or none.",
             "A function that takes compile_step (kv_cache's generate) promises one traced "
             "step reused token after token: greedy ids with the steps compiled by a counting "
@@ -340,8 +351,8 @@ RULES: tuple[ProtocolRule, ...] = (
         _decode,
     ),
     ProtocolRule(
-        "protocol.round-trip",
-        RuleDoc(
+        Rule(
+            "protocol.round-trip",
             "A module no longer pickles, saves or deep-copies, or answers otherwise after.",
             "torch.save of a whole model, pickle, multiprocessing's spawn and copy.deepcopy "
             "(before and after a grad-enabled forward) must work as on the base and keep the "
@@ -351,8 +362,8 @@ RULES: tuple[ProtocolRule, ...] = (
         _trips,
     ),
     ProtocolRule(
-        "protocol.load",
-        RuleDoc(
+        Rule(
+            "protocol.load",
             "The base's state_dict does not load into the PR's module, or answers otherwise.",
             "Old checkpoints must keep working: the base's weights load strictly and give the "
             "base's outputs within the dtype's bound, at a small size and at a real model's "
@@ -361,18 +372,7 @@ RULES: tuple[ProtocolRule, ...] = (
         ),
         _load,
     ),
-    ProtocolRule(
-        "protocol.error",
-        RuleDoc(
-            "The PR's module-protocol worker gave no usable answer.",
-            "The worker imports the PR's tree and probes every module class; a crash, a "
-            "timeout or a malformed report is no evidence the promises hold.",
-            "Make the package importable and its modules buildable in a plain process.",
-        ),
-        lambda _pair: [],  # emitted by the phase, not per class
-    ),
 )
-RULE_DOCS: dict[str, RuleDoc] = {rule.id: rule.doc for rule in RULES}
 
 
 def judge(pair: Pair) -> Iterator[tuple[str, str]]:

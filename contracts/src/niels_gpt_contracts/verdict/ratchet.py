@@ -20,37 +20,42 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from niels_gpt_contracts.result import Violation
-from niels_gpt_contracts.rules import RuleDoc
+from niels_gpt_contracts.rules import Rule
 from niels_gpt_contracts.sandbox.pytest_run import PytestRun
 
-# The rule ids this module emits, each with what SARIF shows of it
-# (``reporters.rule_index`` gathers every module's).
-RULE_DOCS: dict[str, RuleDoc] = {
-    "tests.failed": RuleDoc(
-        "A test fails on the PR's code.",
-        "The base's tests of the stage and of its dependants, the maintainers' acceptance "
-        "tests and the PR's own tests all run over the PR's code; every one must pass.",
-        "Run the named test on the PR's code and fix the failure.",
-    ),
-    "tests.skipped": RuleDoc(
-        "A reference test skips on the PR's code.",
-        "A reference test that runs on the base's code but skips on the PR's proves "
-        "nothing there, so it counts as broken.",
-        "Make the test run on the PR's code again (see why it skips).",
-    ),
-    "tests.missing": RuleDoc(
-        "A reference test never runs on the PR's code.",
-        "Each test the base collects must run on the PR's code; one that disappears "
-        "(renamed, deselected, not collected) proves nothing.",
-        "Restore the test, or keep it collectable under its name.",
-    ),
-    "tests.error": RuleDoc(
-        "A test run of the verdict could not be read.",
-        "A collection error, a time limit or a missing report leaves unknown what the run "
-        "would have proved, so nothing in it counts as passed.",
-        "Fix the error the message shows and run again.",
-    ),
-}
+# The rules this module emits, each with what SARIF shows of it; defining one
+# registers it (``rules.registry``).
+TESTS_FAILED = Rule(
+    "tests.failed",
+    "A test fails on the PR's code.",
+    "The base's tests of the stage and of its dependants, the maintainers' acceptance "
+    "tests and the PR's own tests all run over the PR's code; every one must pass.",
+    "Run the named test on the PR's code and fix the failure.",
+)
+
+TESTS_SKIPPED = Rule(
+    "tests.skipped",
+    "A reference test skips on the PR's code.",
+    "A reference test that runs on the base's code but skips on the PR's proves "
+    "nothing there, so it counts as broken.",
+    "Make the test run on the PR's code again (see why it skips).",
+)
+
+TESTS_MISSING = Rule(
+    "tests.missing",
+    "A reference test never runs on the PR's code.",
+    "Each test the base collects must run on the PR's code; one that disappears "
+    "(renamed, deselected, not collected) proves nothing.",
+    "Restore the test, or keep it collectable under its name.",
+)
+
+TESTS_ERROR = Rule(
+    "tests.error",
+    "A test run of the verdict could not be read.",
+    "A collection error, a time limit or a missing report leaves unknown what the run "
+    "would have proved, so nothing in it counts as passed.",
+    "Fix the error the message shows and run again.",
+)
 
 
 @dataclass(frozen=True)
@@ -69,7 +74,7 @@ def run_problem(run: PytestRun, at: Where, what: str) -> list[Violation]:
         return []
     return [
         Violation(
-            "tests.error",
+            TESTS_ERROR.id,
             None,
             None,
             f"{what} on {run.device}: {run.problem}; last output:\n{run.tail()}",
@@ -101,7 +106,7 @@ def judge_reference(
         if test.outcome == "failed":
             out.append(
                 Violation(
-                    "tests.failed",
+                    TESTS_FAILED.id,
                     _file(nodeid),
                     None,
                     f"{nodeid}: the base's test fails on the PR's code on {run.device}: "
@@ -113,7 +118,7 @@ def judge_reference(
         elif test.outcome == "skipped" and nodeid not in also_on_base:
             out.append(
                 Violation(
-                    "tests.skipped",
+                    TESTS_SKIPPED.id,
                     _file(nodeid),
                     None,
                     f"{nodeid}: skipped on the PR's code on {run.device} ({test.reason}), "
@@ -126,7 +131,7 @@ def judge_reference(
         for nodeid in sorted(set(base_collected) - set(run.tests)):
             out.append(
                 Violation(
-                    "tests.missing",
+                    TESTS_MISSING.id,
                     _file(nodeid),
                     None,
                     f"{nodeid}: collected on the base's code, never run on the PR's code "
@@ -145,7 +150,7 @@ def judge_pr_tests(run: PytestRun, at: Where) -> list[Violation]:
         if test.outcome == "failed":
             out.append(
                 Violation(
-                    "tests.failed",
+                    TESTS_FAILED.id,
                     _file(nodeid),
                     None,
                     f"{nodeid}: the PR's own test fails on {run.device}: "

@@ -24,25 +24,24 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from niels_gpt_contracts.result import Violation
-from niels_gpt_contracts.rules import RuleDoc
+from niels_gpt_contracts.rules import Rule
 from niels_gpt_contracts.sandbox.pytest_run import PytestRun
 from niels_gpt_contracts.verdict import plan, ratchet
 
-# The rule ids this module emits, each with what SARIF shows of it
-# (``reporters.rule_index`` gathers every module's).
-RULE_DOCS: dict[str, RuleDoc] = {
-    "tests.removed": RuleDoc(
-        "A stage PR switches off a test of its stage.",
-        "The next PR inherits this one's tests. A test the base collects and runs that the "
-        "PR's version of the stage's tests deletes, renames, deselects, skips or marks as "
-        "an expected failure no longer guards the stage; removing a test is a maintainer's "
-        "amendment (a commit with Spec: trailers), not part of a stage PR.",
-        "Restore the named test so that it runs and passes, or ask a maintainer to remove "
-        "it in an amendment.",
-    ),
-}
+# The rules this module emits, each with what SARIF shows of it; defining one
+# registers it (``rules.registry``).
+TESTS_REMOVED = Rule(
+    "tests.removed",
+    "A stage PR switches off a test of its stage.",
+    "The next PR inherits this one's tests. A test the base collects and runs that the "
+    "PR's version of the stage's tests deletes, renames, deselects, skips or marks as "
+    "an expected failure no longer guards the stage; removing a test is a maintainer's "
+    "amendment (a commit with Spec: trailers), not part of a stage PR.",
+    "Restore the named test so that it runs and passes, or ask a maintainer to remove "
+    "it in an amendment.",
+)
 
-RULE = "tests.removed"
+RULE = TESTS_REMOVED.id
 REASON_CHARS = 200
 
 

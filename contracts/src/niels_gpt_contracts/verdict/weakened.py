@@ -31,26 +31,25 @@ from niels_gpt_contracts.mutants.runner import (
     preload_modules,
 )
 from niels_gpt_contracts.result import BROKEN, KEPT, NOT_RUN, Outcome, Violation
-from niels_gpt_contracts.rules import RuleDoc
+from niels_gpt_contracts.rules import Rule
 from niels_gpt_contracts.sandbox import processes, workspace
 from niels_gpt_contracts.sandbox.environment import Sandbox
 from niels_gpt_contracts.sandbox.pytest_run import PLUGINS
 from niels_gpt_contracts.verdict import plan
 
-# The rule ids this module emits, each with what SARIF shows of it
-# (``reporters.rule_index`` gathers every module's).
-RULE_DOCS: dict[str, RuleDoc] = {
-    "tests.weakened": RuleDoc(
-        "The PR leaves its stage a weaker test suite than it found.",
-        "The reference tests judge a PR with the base's versions of the tests it changed, "
-        "so a loosened, skipped or deleted test hides nothing in this PR; but the next PR "
-        "inherits this one's versions. The stage's catalogued mutants are run against the "
-        "suite the PR leaves (its test files plus the acceptance tests): a mutant the "
-        "base's suite kills and this one does not means a test lost its teeth.",
-        "Restore the assertion, tolerance or case the change removed, or strengthen a "
-        "test until it kills the mutant again.",
-    ),
-}
+# The rules this module emits, each with what SARIF shows of it; defining one
+# registers it (``rules.registry``).
+TESTS_WEAKENED = Rule(
+    "tests.weakened",
+    "The PR leaves its stage a weaker test suite than it found.",
+    "The reference tests judge a PR with the base's versions of the tests it changed, "
+    "so a loosened, skipped or deleted test hides nothing in this PR; but the next PR "
+    "inherits this one's versions. The stage's catalogued mutants are run against the "
+    "suite the PR leaves (its test files plus the acceptance tests): a mutant the "
+    "base's suite kills and this one does not means a test lost its teeth.",
+    "Restore the assertion, tolerance or case the change removed, or strengthen a "
+    "test until it kills the mutant again.",
+)
 
 CHECK = "weakened"
 
@@ -137,12 +136,12 @@ def judge(
         opts = Options(repo=ctx.repo.root, jobs=jobs, progress=say)
         result = execute(Work([one], keys, {}, preload), env, cache, opts)
     except ConfigError as err:
-        found = [Violation("tests.weakened", changed[0], None, str(err), stage, CHECK)]
+        found = [Violation(TESTS_WEAKENED.id, changed[0], None, str(err), stage, CHECK)]
         return Outcome(stage, CHECK, BROKEN, "the PR's suite does not run clean", found)
     files = ", ".join(changed)
     found = [
         Violation(
-            "tests.weakened",
+            TESTS_WEAKENED.id,
             changed[0],
             None,
             f"{v.mutant.name}: the base's tests kill it, the suite this PR leaves ({files} "
