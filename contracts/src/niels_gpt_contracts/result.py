@@ -13,14 +13,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from niels_gpt_contracts.rules import SPEC_RULE_KINDS, RuleDoc, SpecRule
+from niels_gpt_contracts.rules import RuleDoc, SpecRule
 
 __all__ = [
     "BROKEN",
     "KEPT",
     "NOT_RUN",
     "REPORT_SCHEMA_VERSION",
-    "SPEC_RULE_KINDS",
     "Outcome",
     "Result",
     "RuleDoc",

@@ -1,6 +1,7 @@
 """What a rule is: ``Rule`` (a fixed rule id, its documentation, registered where
 it is defined), ``RuleDoc`` (the three texts SARIF shows of a rule id) and
-``SpecRule`` (a rule a stage's spec defines, described by that spec).
+``SpecRule`` (a rule a stage's spec defines, described by that spec) and
+``RuleKind`` (a kind of spec rule, one module of ``rules.kinds``).
 
 A fixed rule is a ``Rule`` object defined beside the code that emits it
 (``checks.paths`` defines ``path.meta``, ``verdict.ratchet`` ``tests.failed``);
@@ -15,6 +16,14 @@ from __future__ import annotations
 
 from niels_gpt_contracts.rules.doc import GATE_FROM_BASE, RuleDoc
 from niels_gpt_contracts.rules.registry import Rule, registered
-from niels_gpt_contracts.rules.spec_rules import SPEC_RULE_KINDS, SpecRule
+from niels_gpt_contracts.rules.spec_rules import RuleKind, SpecRule, rule_kinds
 
-__all__ = ["GATE_FROM_BASE", "SPEC_RULE_KINDS", "Rule", "RuleDoc", "SpecRule", "registered"]
+__all__ = [
+    "GATE_FROM_BASE",
+    "Rule",
+    "RuleDoc",
+    "RuleKind",
+    "SpecRule",
+    "registered",
+    "rule_kinds",
+]

@@ -14,6 +14,8 @@ from typing import Any
 
 import pathspec
 
+from niels_gpt_contracts.rules import rule_kinds
+
 SPECS_DIR = "specs"
 SCHEMA_PATH = "specs/spec.schema.json"
 # The maintainers' kit: spec-side helpers several stages load by path (``checks.speckit``).
@@ -52,7 +54,8 @@ def compile_patterns(patterns: list[str] | tuple[str, ...]) -> pathspec.GitIgnor
 
 
 META_SPEC = compile_patterns(META_PATTERNS)
-RUNTIME_KINDS = frozenset({"forbidden_ops"})
+# Kinds of rule judged by what executes, not by reading (``rules.kinds``).
+RUNTIME_KINDS = frozenset(name for name, kind in rule_kinds().items() if kind.runtime)
 
 
 @dataclass(frozen=True)

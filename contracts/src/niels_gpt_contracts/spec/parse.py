@@ -19,6 +19,7 @@ import tomllib
 from jsonschema import Draft202012Validator  # type: ignore[import-untyped]
 
 from niels_gpt_contracts.errors import SpecError, SpecErrors
+from niels_gpt_contracts.rules import rule_kinds
 from niels_gpt_contracts.spec.model import (
     SPECS_DIR,
     ApiEntry,
@@ -105,18 +106,11 @@ def parse_spec(path: str, text: str, schema: Mapping[str, Any]) -> Spec:
                     f"again (first at {section}[{seen[item['id']]}])",
                 )
             seen.setdefault(item["id"], i)
+    kinds = rule_kinds()
     for i, rule in enumerate(data["rules"]):
-        if "files" in rule:
-            problem = _pattern_problem(rule["files"])
-            if problem:
-                fail(("rules", i, "files"), problem)
-        driver = rule.get("driver")
-        if driver is not None and not driver.startswith(f"{SPECS_DIR}/{data['id']}/"):
-            fail(
-                ("rules", i, "driver"),
-                f"expected a driver under {SPECS_DIR}/{data['id']}/ (maintainer-owned), "
-                f"found {driver!r}",
-            )
+        params = {k: v for k, v in rule.items() if k not in ("id", "kind", "message")}
+        for key, problem in kinds[rule["kind"]].problems(params, data["id"]):
+            fail(("rules", i, key), problem)
     oracle = data.get("oracle")
     own = f"{SPECS_DIR}/{data['id']}/"
     if oracle is not None:

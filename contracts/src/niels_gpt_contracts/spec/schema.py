@@ -1,7 +1,9 @@
 """``specs/spec.schema.json``: loaded once per text, and its errors told as
 sentences.
 
-``load_schema`` parses the schema's text and checks it against the JSON
+``load_schema`` parses the schema's text, completes its ``rules`` section from
+the kinds of spec rule (``assemble``: each kind's keys are its own module's,
+``rules.kinds``, never written in the file) and checks it against the JSON
 Schema meta-schema (``ConfigError`` when it is absent, not JSON, or not an
 object); ``describe`` turns one ``jsonschema`` ``ValidationError`` into the
 key path it concerns and an "expected ..., found ..." sentence.
@@ -18,6 +20,7 @@ from jsonschema import Draft202012Validator  # type: ignore[import-untyped]
 from jsonschema.exceptions import ValidationError  # type: ignore[import-untyped]
 
 from niels_gpt_contracts.errors import ConfigError
+from niels_gpt_contracts.rules import rule_kinds
 from niels_gpt_contracts.spec.model import SCHEMA_PATH
 from niels_gpt_contracts.tomllines import KeyPath
 
@@ -34,14 +37,35 @@ def load_schema(text: str | None, path: str = SCHEMA_PATH) -> dict[str, Any]:
         ) from None
     if not isinstance(schema, dict):
         raise ConfigError(f"{path}: expected a JSON object, found {type(schema).__name__}")
-    digest = hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()
+    schema = assemble(schema, path)
+    digest = hashlib.sha256(json.dumps(schema, sort_keys=True).encode()).hexdigest()
     if digest not in _VALID_SCHEMAS:  # checking against the meta-schema is a pure function
         Draft202012Validator.check_schema(schema)
         _VALID_SCHEMAS.add(digest)
     return schema
 
 
-# Digests of schema texts that passed ``check_schema`` in this process: a second
+def assemble(schema: dict[str, Any], path: str = SCHEMA_PATH) -> dict[str, Any]:
+    """``schema`` with its rules' ``kind`` enum and per-kind branches (``allOf``)
+    built from the registered kinds (``rules.rule_kinds``), in name order.
+
+    Raises:
+        ConfigError: the schema has no ``properties.rules.items.properties`` object.
+    """
+    try:
+        items = schema["properties"]["rules"]["items"]
+        kind = items["properties"]["kind"]
+    except (KeyError, TypeError):
+        raise ConfigError(
+            f"{path}: expected properties.rules.items.properties.kind, found none"
+        ) from None
+    kinds = rule_kinds()
+    kind["enum"] = sorted(kinds)
+    items["allOf"] = [kinds[name].schema() for name in sorted(kinds)]
+    return schema
+
+
+# Digests of assembled schemas that passed ``check_schema`` in this process: a second
 # load of the same text (another verdict, another test) skips the check.
 _VALID_SCHEMAS: set[str] = set()
 
