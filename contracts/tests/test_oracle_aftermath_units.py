@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import torch
 
+from niels_gpt_contracts.decoding import Malformed
 from niels_gpt_contracts.sandbox.oracle_run import Stream, read_stream
 from niels_gpt_contracts.verdict import oracle_aftermath
 
@@ -143,10 +144,31 @@ def test_a_head_like_the_base_passes_and_a_malformed_one_raises() -> None:
     # a module buffer only the PR has may change (its own state), an argument may not
     new = {"inputs": {"checked": ["arg0", "self:cache"], "changed": ["self:cache"]}}
     assert oracle_aftermath.compare({**BASE, **new}, BASE) == []
-    with pytest.raises((oracle_aftermath.Malformed, KeyError, TypeError)):
+    with pytest.raises(Malformed):
         oracle_aftermath.compare({**BASE, "ops": "many"}, BASE)
-    with pytest.raises(oracle_aftermath.Malformed):
+    with pytest.raises(Malformed):
         oracle_aftermath.compare(None, BASE)
+
+
+@pytest.mark.parametrize(
+    ("broken", "reason"),
+    [
+        (
+            {"inputs": {"checked": [1], "changed": []}},
+            "Expected `str`, got `int` - at `$.inputs.checked[0]`",
+        ),
+        ({"ops": True}, "Expected `int | null`, got `bool` - at `$.ops`"),
+        ({"flops": -1}, "Expected `int` >= 0 - at `$.flops`"),
+        ({"state": {"grad": "yes\nno"}}, "Expected `bool | null`, got `str` - at `$.state.grad`"),
+        ({"clobbered": None}, "Expected `array`, got `null` - at `$.clobbered`"),
+    ],
+    ids=["checked", "ops", "flops", "state", "clobbered"],
+)
+def test_a_malformed_report_is_refused_with_its_reason(broken: dict[str, Any], reason: str) -> None:
+    """Decoded by type: the reason names the key and the type, on one line."""
+    with pytest.raises(Malformed) as caught:
+        oracle_aftermath.compare({**BASE, **broken}, BASE)
+    assert str(caught.value) == f"a call's aftermath: {reason}"
 
 
 def test_the_generator_moved_by_another_amount_is_not_a_side_effect() -> None:

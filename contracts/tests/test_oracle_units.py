@@ -10,12 +10,13 @@ from __future__ import annotations
 import io
 import json
 import struct
-from typing import Any
+from typing import Any, get_args
 
 import numpy as np
 import pytest
 from safetensors.numpy import save as save_arrays
 
+from niels_gpt_contracts.sandbox import oracle_run
 from niels_gpt_contracts.sandbox.oracle_run import Stream, Unreadable, read_stream
 from niels_gpt_contracts.verdict import tolerance
 
@@ -80,11 +81,18 @@ def _frame(header: dict[str, object], *blobs: bytes) -> bytes:
     return struct.pack(">I", len(head)) + head + b"".join(blobs)
 
 
-def _call(arrays: dict[str, Any], dtypes: dict[str, str] | None = None, name: str = "c") -> bytes:
-    """Call ``name``'s frame: ``arrays`` as one safetensors blob, ``dtypes`` naming them."""
+def _call(
+    arrays: dict[str, Any],
+    dtypes: dict[str, str] | None = None,
+    name: str = "c",
+    fields: dict[str, Any] | None = None,
+) -> bytes:
+    """Call ``name``'s frame: ``arrays`` as one safetensors blob, ``dtypes`` naming them,
+    ``fields`` laid over the header."""
     blob = save_arrays(arrays)
     named = dtypes if dtypes is not None else {k: str(a.dtype) for k, a in arrays.items()}
-    return _frame({**CALL, "call": name, "tensors": {"dtypes": named, "nbytes": len(blob)}}, blob)
+    tensors = {"dtypes": named, "nbytes": len(blob)}
+    return _frame({**CALL, "call": name, "tensors": tensors, **(fields or {})}, blob)
 
 
 CALL = {
@@ -131,6 +139,11 @@ def _blob_cut(frame: bytes, keep: int) -> bytes:
         struct.pack(">I", 1 << 30),  # a header too large to believe
         GOOD + GOOD,  # one call answered twice
         struct.pack(">I", 3) + b"{{{",
+        _call(OUT, fields={"stages": True}),
+        _call(OUT, fields={"reduction": -1}),
+        _call(OUT, fields={"relations": ["x"]}),
+        _frame({"kind": "held", "stage": "s", "call": "c", "desc": "d"}),
+        _frame({"kind": "ops", "stage": "s", "ops": {"c": [1]}}),
     ],
     ids=[
         "blob",
@@ -144,11 +157,29 @@ def _blob_cut(frame: bytes, keep: int) -> bytes:
         "huge",
         "twice",
         "json",
+        "bool-count",
+        "negative",
+        "relation",
+        "held-bytes",
+        "op-name",
     ],
 )
 def test_a_broken_stream_is_refused(broken: bytes) -> None:
     with pytest.raises(Unreadable):
         read_stream(io.BytesIO(broken + _frame({"kind": "done"})), Stream("head"))
+
+
+def test_a_broken_header_is_refused_in_one_escaped_line() -> None:
+    """msgspec's reason, the hostile value escaped: a verdict quotes it on one line."""
+    with pytest.raises(Unreadable) as caught:
+        read_stream(io.BytesIO(_frame({"kind": "sur\nprise\x1b[2J"})), Stream("head"))
+    assert str(caught.value) == "a frame header: Invalid value 'sur\\nprise\\x1b[2J' - at `$.kind`"
+    with pytest.raises(Unreadable, match=r"Expected `int`, got `bool` - at `\$.stages`"):
+        read_stream(io.BytesIO(_frame({**CALL, "stages": True})), Stream("head"))
+
+
+def test_the_header_type_names_every_dtype_on_the_wire() -> None:
+    assert set(get_args(oracle_run.WireDtype)) == set(oracle_run.WIRE)
 
 
 def test_a_stream_without_its_end_is_not_done() -> None:

@@ -10,9 +10,10 @@ installed wheels are, so a stage's ``__file__`` looks like a user's install.
 The request, with the secret seed, goes over stdin; answers come back as
 frames on a separate pipe.
 
-Frames are validated here: headers (sizes, kinds, fields) by this module,
-a call's tensors by safetensors' parser (offsets, shapes, byte counts),
-then each array's dtype against the one the header names. Anything
+Frames are validated here: each header decoded by msgspec into its frame
+type (``Frame``: kinds, fields, types, counts), a call's tensors by
+safetensors' parser (offsets, shapes, byte counts), then each array's dtype
+against the one the header names. Anything
 malformed makes the whole stream unreadable (``Stream.problem``), which the
 caller judges fail-closed.
 """
@@ -30,11 +31,13 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Annotated, Any, BinaryIO, Literal
 
+import msgspec
 import numpy as np
 from safetensors.numpy import load as load_arrays
 
+from niels_gpt_contracts.decoding import Malformed, decode, one_line
 from niels_gpt_contracts.sandbox import confine, processes
 from niels_gpt_contracts.sandbox.environment import PASSED_THROUGH, Sandbox, Snapshot
 
@@ -49,8 +52,6 @@ WIRE = {
     "float16": "float32",
     "bool": "uint8",
 }
-DTYPES = frozenset(WIRE)
-KINDS = frozenset({"call", "held", "ops", "driver-error", "fatal", "done"})
 
 
 class Unreadable(ValueError):
@@ -130,100 +131,121 @@ def _read_exact(pipe: BinaryIO, n: int) -> bytes:
     return b"".join(chunks)
 
 
-def _int(value: Any, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise Unreadable(f"expected a non-negative int for {what}, found {value!r}")
-    return value
+Count = Annotated[int, msgspec.Meta(ge=0)]
+# The dtypes a header may name: WIRE's keys.
+WireDtype = Literal[
+    "float64", "float32", "int64", "int32", "int16", "int8", "uint8", "bfloat16", "float16", "bool"
+]
 
 
-def _str(value: Any, what: str) -> str:
-    if not isinstance(value, str):
-        raise Unreadable(f"expected a string for {what}, found {type(value).__name__}")
-    return value
+class Tensors(msgspec.Struct, frozen=True):
+    """A call's tensors: the dtype torch named each with, and the blob's byte count."""
+
+    dtypes: dict[str, WireDtype]
+    nbytes: Count
 
 
-def _outputs(pipe: BinaryIO, spec: Any, budget: list[int]) -> dict[str, Output]:
+class _Frame(msgspec.Struct, tag_field="kind"):
+    """One frame's JSON header; ``kind`` picks the type."""
+
+
+class DoneFrame(_Frame, tag="done"):
+    pass
+
+
+class FatalFrame(_Frame, tag="fatal"):
+    error: str
+
+
+class DriverErrorFrame(_Frame, tag="driver-error"):
+    stage: str
+    error: str
+
+
+class HeldFrame(_Frame, tag="held"):
+    stage: str
+    call: str
+    desc: str
+    bytes: Count
+
+
+class OpsFrame(_Frame, tag="ops"):
+    stage: str
+    ops: dict[str, list[str]]
+
+
+class CallFrame(_Frame, tag="call"):
+    """A call's header (``_oracle_kit.Oracle.call``); its blob follows."""
+
+    stage: str
+    call: str
+    stages: Count
+    reduction: Count
+    tensors: Tensors
+    desc: str = ""
+    rules: list[str] = []
+    relations: list[dict[str, Any]] = []
+    compare: list[str] | None = None
+    computes_in: WireDtype | None = None
+    error: str | None = None
+    message: str = ""
+    values: dict[str, Any] = {}
+    casts: list[str] = []
+    axes: list[str] = []
+    after: dict[str, Any] | None = None
+
+
+Frame = DoneFrame | FatalFrame | DriverErrorFrame | HeldFrame | OpsFrame | CallFrame
+
+
+def _outputs(pipe: BinaryIO, tensors: Tensors, budget: list[int]) -> dict[str, Output]:
     """Read a call's safetensors blob; its arrays, each as the dtype the header names."""
-    if not isinstance(spec, dict) or not isinstance(spec.get("dtypes"), dict):
-        raise Unreadable("expected the tensors' dtypes and byte count")
-    dtypes: dict[str, Any] = spec["dtypes"]
-    nbytes = _int(spec.get("nbytes"), "nbytes")
-    budget[0] -= nbytes
+    budget[0] -= tensors.nbytes
     if budget[0] < 0:
         raise Unreadable(f"more than {MAX_TOTAL} bytes of tensors")
-    blob = _read_exact(pipe, nbytes)
+    blob = _read_exact(pipe, tensors.nbytes)
     try:
         arrays = load_arrays(blob)
     except Exception as err:  # safetensors' own error, or numpy's for a dtype it lacks
         raise Unreadable(f"tensors safetensors cannot read: {str(err)[:200]!r}") from None
-    if set(arrays) != set(dtypes):
-        raise Unreadable(f"the tensors {sorted(arrays)!r} where {sorted(dtypes)!r} were named")
+    if set(arrays) != set(tensors.dtypes):
+        named = sorted(tensors.dtypes)
+        raise Unreadable(f"the tensors {sorted(arrays)!r} where {named!r} were named")
     out: dict[str, Output] = {}
-    for key, dtype in dtypes.items():
-        wire = WIRE.get(dtype) if isinstance(dtype, str) else None
-        if wire is None or arrays[key].dtype != np.dtype(wire):
+    for key, dtype in tensors.dtypes.items():
+        if arrays[key].dtype != np.dtype(WIRE[dtype]):
             raise Unreadable(f"{key!r}: {arrays[key].dtype} on the wire for a {dtype!r} tensor")
         out[key] = Output(dtype, arrays[key])
     return out
 
 
-def _narrow(value: Any) -> str | None:
-    if value is None:
-        return None
-    if value not in DTYPES:
-        raise Unreadable(f"expected a dtype for computes_in, found {value!r}")
-    return str(value)
-
-
-def _call(head: dict[str, Any], outputs: dict[str, Output]) -> Call:
-    error = head.get("error")
-    rules, relations, casts = (
-        head.get("rules", []),
-        head.get("relations", []),
-        head.get("casts", []),
-    )
-    values, compare, after = head.get("values", {}), head.get("compare"), head.get("after")
-    if not (
-        compare is None or (isinstance(compare, list) and all(isinstance(k, str) for k in compare))
-    ):
-        raise Unreadable("expected the names of the compared outputs")
-    if not (
-        isinstance(rules, list)
-        and isinstance(relations, list)
-        and isinstance(casts, list)
-        and isinstance(values, dict)
-        and (error is None or isinstance(error, str))
-        and (after is None or isinstance(after, dict))
-    ):
-        raise Unreadable("expected rules, relations, casts and values of a call")
+def _call(head: CallFrame, outputs: dict[str, Output]) -> Call:
     return Call(
-        stage=_str(head.get("stage"), "stage"),
-        name=_str(head.get("call"), "call"),
-        desc=_str(head.get("desc", ""), "desc"),
-        stages=max(1, _int(head.get("stages"), "stages")),
-        reduction=max(1, _int(head.get("reduction"), "reduction")),
-        rules=tuple(_str(r, "a rule") for r in rules),
-        relations=tuple(r for r in relations if isinstance(r, dict)),
-        compare=None if compare is None else tuple(compare),
-        computes_in=_narrow(head.get("computes_in")),
-        error=error,
-        message=str(head.get("message", "")),
-        values=values,
-        casts=tuple(_str(c, "a cast") for c in casts),
+        stage=head.stage,
+        name=head.call,
+        desc=head.desc,
+        stages=max(1, head.stages),
+        reduction=max(1, head.reduction),
+        rules=tuple(head.rules),
+        relations=tuple(head.relations),
+        compare=None if head.compare is None else tuple(head.compare),
+        computes_in=head.computes_in,
+        error=head.error,
+        message=head.message,
+        values=head.values,
+        casts=tuple(head.casts),
         outputs=outputs,
-        axes=tuple(_str(a, "an axis") for a in _list(head.get("axes", []), "axes")),
-        after=after,
+        axes=tuple(head.axes),
+        after=head.after,
     )
-
-
-def _list(value: Any, what: str) -> list[Any]:
-    if not isinstance(value, list):
-        raise Unreadable(f"expected a list of {what}, found {type(value).__name__}")
-    return value
 
 
 def read_stream(pipe: BinaryIO, stream: Stream) -> bool:
-    """Read frames into ``stream`` until ``done``; whether ``done`` came."""
+    """Read frames into ``stream`` until ``done``; whether ``done`` came.
+
+    Raises:
+        Unreadable: a frame that breaks the protocol (its reason on one line).
+    """
     budget = [MAX_TOTAL]
     while True:
         raw = pipe.read(4)
@@ -235,35 +257,26 @@ def read_stream(pipe: BinaryIO, stream: Stream) -> bool:
         if size > MAX_HEADER:
             raise Unreadable(f"a frame header of {size} bytes")
         try:
-            head = json.loads(_read_exact(pipe, size))
-        except ValueError as err:
-            raise Unreadable(f"a frame header that is not JSON ({err})") from None
-        if not isinstance(head, dict) or head.get("kind") not in KINDS:
-            raise Unreadable("a frame of no known kind")
-        kind = head["kind"]
-        if kind == "done":
+            head: Frame = decode(_read_exact(pipe, size), Frame, "a frame header")
+        except Malformed as err:
+            raise Unreadable(str(err)) from None
+        if isinstance(head, DoneFrame):
             return True
-        if kind == "fatal":
-            stream.fatal = _str(head.get("error"), "error")
-        elif kind == "driver-error":
-            stream.driver_errors[_str(head.get("stage"), "stage")] = _str(head.get("error"), "e")
-        elif kind == "held":
-            key = (_str(head.get("stage"), "stage"), _str(head.get("call"), "call"))
+        if isinstance(head, FatalFrame):
+            stream.fatal = head.error
+        elif isinstance(head, DriverErrorFrame):
+            stream.driver_errors[head.stage] = head.error
+        elif isinstance(head, HeldFrame):
+            key = (head.stage, head.call)
             if key in stream.held:
-                raise Unreadable(f"the held figure {key[0]}/{key[1]} twice")
-            stream.held[key] = Held(_str(head.get("desc"), "desc"), _int(head.get("bytes"), "b"))
-        elif kind == "ops":
-            ops = head.get("ops")
-            if not isinstance(ops, dict):
-                raise Unreadable("expected ops by call")
-            stage = _str(head.get("stage"), "stage")
-            stream.ops[stage] = {
-                _str(c, "call"): tuple(_str(o, "op") for o in names) for c, names in ops.items()
-            }
+                raise Unreadable(f"the held figure {one_line(key[0])}/{one_line(key[1])} twice")
+            stream.held[key] = Held(head.desc, head.bytes)
+        elif isinstance(head, OpsFrame):
+            stream.ops[head.stage] = {c: tuple(names) for c, names in head.ops.items()}
         else:
-            call = _call(head, _outputs(pipe, head.get("tensors"), budget))
+            call = _call(head, _outputs(pipe, head.tensors, budget))
             if (call.stage, call.name) in stream.calls:
-                raise Unreadable(f"the call {call.stage}/{call.name} twice")
+                raise Unreadable(f"the call {one_line(call.stage)}/{one_line(call.name)} twice")
             stream.calls[(call.stage, call.name)] = call
 
 

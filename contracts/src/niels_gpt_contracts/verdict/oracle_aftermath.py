@@ -21,8 +21,11 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping
-from typing import Any
+from typing import Annotated, Any
 
+import msgspec
+
+from niels_gpt_contracts.decoding import Malformed, convert
 from niels_gpt_contracts.rules import Rule
 from niels_gpt_contracts.sandbox.oracle_run import Stream
 from niels_gpt_contracts.spec import Spec
@@ -71,8 +74,39 @@ STATE = {
 SIDE, MEMORY, COST = ORACLE_SIDE_EFFECT.id, ORACLE_MEMORY.id, ORACLE_COST.id
 
 
-class Malformed(ValueError):
-    """The PR's worker sent a report that does not parse."""
+Count = Annotated[int, msgspec.Meta(ge=0)]
+
+
+class Inputs(msgspec.Struct, frozen=True):
+    """The call's argument tensors the worker could hash, and those it changed."""
+
+    checked: list[str]
+    changed: list[str]
+
+
+class CallState(msgspec.Struct, frozen=True):
+    """The global state after the call (``sandbox._oracle_aftermath.state``); a key
+    the worker did not send compares as None."""
+
+    grad: bool | None = None
+    inference: bool | None = None
+    dtype: str | None = None
+    threads: bool | None = None
+    deterministic: bool | None = None
+    autocast: list[bool | str] | None = None
+    rng: str | None = None
+    rng_moved: bool | None = None
+    globals: list[str] | None = None  # counted calls only
+
+
+class After(msgspec.Struct, frozen=True):
+    """What one call left behind, as a worker reports it (a call frame's ``after``)."""
+
+    inputs: Inputs
+    clobbered: list[str]
+    state: CallState
+    ops: Count | None = None
+    flops: Count | None = None
 
 
 def stage(j: Judge, spec: Spec, head: Stream, base: Stream) -> None:
@@ -90,7 +124,7 @@ def stage(j: Judge, spec: Spec, head: Stream, base: Stream) -> None:
             continue  # a missing answer is oracle.differs' to report
         try:
             problems = compare(got.after, want.after)
-        except (Malformed, KeyError, TypeError, ValueError, AttributeError):
+        except Malformed:
             problems = [(SIDE, "the PR's worker sent a malformed report of what the call left")]
         for rule, problem in problems:
             add(rule, f"call {name} ({want.desc}): {problem}")
@@ -108,73 +142,61 @@ def stage(j: Judge, spec: Spec, head: Stream, base: Stream) -> None:
             )
 
 
-def _names(value: Any) -> set[str]:
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise Malformed("expected a list of names")
-    return set(value)
-
-
-def _count(value: Any) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise Malformed("expected a count")
-    return value
-
-
 def _plain(name: str) -> str:
     """A name from the PR's report, short and printable."""
     return "".join(c if c.isprintable() else "?" for c in name[:80])
 
 
-def compare(got: Any, want: Mapping[str, Any]) -> list[tuple[str, str]]:
+def _after(report: Any) -> After:
+    if not isinstance(report, Mapping):
+        raise Malformed("no report")
+    return convert(report, After, "a call's aftermath")
+
+
+def compare(got: Any, want: Any) -> list[tuple[str, str]]:
     """(rule, text) for each way ``got`` (the PR's report) departs from ``want`` (the base's).
 
     Raises:
-        Malformed: ``got`` does not parse.
+        Malformed: either report does not decode as an ``After``.
     """
-    if not isinstance(got, Mapping):
-        raise Malformed("no report")
+    g, w = _after(got), _after(want)
     out: list[tuple[str, str]] = []
-    g_in, w_in = got["inputs"], want["inputs"]
-    base_changed, base_checked = set(w_in["changed"]), set(w_in["checked"])
-    for name in sorted(_names(g_in["changed"]) - base_changed):
-        if name in base_checked or ":" not in name:  # module state new to the PR: its own
+    for name in sorted(set(g.inputs.changed) - set(w.inputs.changed)):
+        if name in w.inputs.checked or ":" not in name:  # module state new to the PR: its own
             out.append(
                 (SIDE, f"changed its input {_plain(name)} in place; the base's call does not")
             )
-    for ref in sorted(_names(got["clobbered"]) - set(want["clobbered"])):
+    for ref in sorted(set(g.clobbered) - set(w.clobbered)):
         why = "an output of an earlier call, which the base's call leaves as it was"
         out.append((SIDE, f"changed {_plain(ref)}, {why}"))
-    g_state, w_state = got["state"], want["state"]
-    if not isinstance(g_state, Mapping):
-        raise Malformed("expected the state")
     for key, label in STATE.items():
-        if g_state.get(key) != w_state.get(key):
-            g, w = repr(g_state.get(key))[:40], repr(w_state.get(key))[:40]
-            out.append((SIDE, f"left {label} at {_plain(g)} where the base's call leaves {w}"))
+        g_value, w_value = getattr(g.state, key), getattr(w.state, key)
+        if g_value != w_value:
+            g_text, w_text = repr(g_value)[:40], repr(w_value)[:40]
+            out.append(
+                (SIDE, f"left {label} at {_plain(g_text)} where the base's call leaves {w_text}")
+            )
     # Every other torch global, on the counted calls both sides counted (the same
     # calls: the share is keyed by the seed): one the PR's call left changed and the
     # base's did not (a compiler stance or config, a backend flag, a global hook).
-    g_globals, w_globals = g_state.get("globals"), w_state.get("globals")
-    if w_globals is not None:
-        if not isinstance(g_globals, list) or not all(isinstance(k, str) for k in g_globals):
+    if w.state.globals is not None:
+        if g.state.globals is None:
             raise Malformed("expected the names of the globals a counted call changed")
-        new = sorted(set(g_globals) - set(w_globals))
+        new = sorted(set(g.state.globals) - set(w.state.globals))
         if new:
             names = ", ".join(_plain(k) for k in new[:4])
             out.append((SIDE, f"left {names} changed, where the base's call leaves them"))
     # Whether the call drew from the global generator at all, not how much: an honest
     # re-blocking of dropout (another QUERY_BLOCK) draws a seed per block and so moves
     # the generator by another amount (test_a_faster_but_equal_attention_is_kept).
-    if g_state.get("rng_moved") != w_state.get("rng_moved"):
+    if g.state.rng_moved != w.state.rng_moved:
         did = {True: "drew from", False: "did not draw from"}
-        g, w = did[bool(g_state.get("rng_moved"))], did[bool(w_state.get("rng_moved"))]
-        why = f"it {g} the global generator where the base's call {w} it"
+        g_did, w_did = did[bool(g.state.rng_moved)], did[bool(w.state.rng_moved)]
+        why = f"it {g_did} the global generator where the base's call {w_did} it"
         out.append((SIDE, f"the call consumed the global RNG differently from the base: {why}"))
     costs = (("ops", "dispatched ATen ops", OPS_SLACK), ("flops", "FLOPs", FLOPS_SLACK))
     for key, what, slack in costs:
-        w_n, g_n = _count(want[key]), _count(got.get(key))
+        w_n, g_n = getattr(w, key), getattr(g, key)
         if w_n is None:
             continue
         if g_n is None:
