@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from gatekit import Repo, rules
 
 from niels_gpt_contracts import fingerprint
@@ -151,6 +152,32 @@ def test_malformed_report_is_a_config_error(repo: Repo, tmp_path: Path) -> None:
     code, _, err = repo.gate("--no-api", "--reports", str(tmp_path / "r"))
     assert code == 2
     assert "invariants-cpu.json:1: expected JSON" in err
+
+
+@pytest.mark.parametrize(
+    ("payload", "reason"),
+    [
+        ({"device": "cpu", "invariants": {"a.b": {"passed": "1"}}},
+         "Expected `int`, got `str` - at `$.invariants[...].passed`"),
+        ({"device": "cpu\n::error::x", "invariants": {}},
+         "Invalid enum value 'cpu\\n::error::x' - at `$.device`"),
+        ({"device": "cpu", "invariants": {}, "source": {"tree": 1, "selection": {}}},
+         "Expected `str`, got `int` - at `$.source.tree`"),
+        ({"device": "cpu", "invariants": {}, "format": 2, "sections": {"a": {"collected": 3}}},
+         "Expected `array`, got `int` - at `$.sections[...].collected`"),
+        ({"device": "cpu"}, "Object missing required field `invariants`"),
+    ],
+    ids=["count", "device", "tree", "collected", "missing"],
+)  # fmt: skip
+def test_a_report_of_the_wrong_shape_exits_2_with_its_reason_on_one_line(
+    repo: Repo, tmp_path: Path, payload: dict[str, object], reason: str
+) -> None:
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "invariants-cpu.json").write_text(json.dumps(payload))
+    code, _, err = repo.gate("--no-api", "--reports", str(tmp_path / "r"))
+    assert code == 2
+    line = next(x for x in err.splitlines() if "invariants-cpu.json" in x)
+    assert line.endswith(f"invariants-cpu.json: expected an invariant report: {reason}"), err
 
 
 def test_package_without_spec_and_its_claims_are_flagged(repo: Repo) -> None:

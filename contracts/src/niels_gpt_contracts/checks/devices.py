@@ -17,7 +17,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+import msgspec
 
 from niels_gpt_contracts.checks.staleness import (
     DEVICE_PARTIAL,
@@ -25,6 +27,7 @@ from niels_gpt_contracts.checks.staleness import (
     fresh_failures,
     stale_section,
 )
+from niels_gpt_contracts.decoding import Malformed, convert
 from niels_gpt_contracts.errors import ConfigError
 from niels_gpt_contracts.fingerprint import Fingerprint
 from niels_gpt_contracts.result import BROKEN, KEPT, NOT_RUN, Outcome, Violation
@@ -73,8 +76,46 @@ class DeviceReport:
     tests: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
+class _Counts(msgspec.Struct):
+    passed: int = 0
+    failed: int = 0
+    skipped: int = 0
+
+
+class _Selection(msgspec.Struct):
+    narrowed_by: list[str]
+
+
+class _Source(msgspec.Struct):
+    tree: str
+    selection: _Selection
+
+
+class _Section(msgspec.Struct):
+    collected: list[Any] = []
+
+
+class _Report(msgspec.Struct):
+    """The shape of a device report (``pytest_plugin``, ``device_report``); what is
+    read is kept as parsed, this only says it is well formed."""
+
+    device: Literal["cpu", "mps", "cuda"]
+    invariants: dict[str, _Counts]
+    exitstatus: int = 0
+    source: _Source | None = None
+    format: int | None = None
+    sections: dict[str, _Section] | None = None
+    tests: dict[str, dict[str, Any]] | None = None
+
+
 def load_report(path: Path, device: str | None = None) -> DeviceReport:
-    """Read and validate one report; ConfigError on anything unexpected."""
+    """Read one report and decode it by type (``_Report``).
+
+    Raises:
+        ConfigError: no file, not JSON, not a report (msgspec's reason, one line),
+            another device than ``device``, or a format-2 report without its
+            sections and tests.
+    """
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except OSError as err:
@@ -85,65 +126,30 @@ def load_report(path: Path, device: str | None = None) -> DeviceReport:
         raise ConfigError(
             f"{path}:{err.lineno}: expected JSON, found a syntax error: {err.msg}"
         ) from None
-    if not isinstance(data, dict) or not isinstance(data.get("invariants"), dict):
-        raise ConfigError(
-            f"{path}: expected an object with an 'invariants' object, found "
-            f"{type(data).__name__} without one"
-        )
-    found = data.get("device")
-    if found not in DEVICES or (device is not None and found != device):
-        raise ConfigError(
-            f"{path}: expected device {device or '/'.join(DEVICES)!r}, found {found!r}"
-        )
-    status = data.get("exitstatus", 0)
-    if not isinstance(status, int):
-        raise ConfigError(f"{path}: expected an int 'exitstatus', found {status!r}")
-    for inv, counts in data["invariants"].items():
-        ok = isinstance(counts, dict) and all(
-            isinstance(counts.get(k, 0), int) for k in ("passed", "failed", "skipped")
-        )
-        if not ok:
-            raise ConfigError(f"{path}: expected counts for invariant {inv!r}, found {counts!r}")
-    tree, narrowed = _source(path, data.get("source"))
-    sections, tests = _sections(path, data)
+    try:
+        report = convert(data, _Report, "expected an invariant report")
+    except Malformed as err:
+        raise ConfigError(f"{path}: {err}") from None
+    if device is not None and report.device != device:
+        raise ConfigError(f"{path}: expected device {device!r}, found {report.device!r}")
+    if report.format == 2 and (report.sections is None or report.tests is None):
+        raise ConfigError(f"{path}: expected 'sections' and 'tests' objects in a format-2 report")
+    narrowed: tuple[str, ...]
+    if report.source is None:
+        tree, narrowed = "", ("an old report that does not say what it was produced from",)
+    else:
+        tree, narrowed = report.source.tree, tuple(report.source.selection.narrowed_by)
+    sections, tests = (data["sections"], data["tests"]) if report.format == 2 else (None, {})
     return DeviceReport(
-        found, str(path), status, data["invariants"], tree, narrowed, sections, tests
+        report.device,
+        str(path),
+        report.exitstatus,
+        data["invariants"],
+        tree,
+        narrowed,
+        sections,
+        tests,
     )
-
-
-def _sections(
-    path: Path, data: dict[str, Any]
-) -> tuple[dict[str, dict[str, Any]] | None, dict[str, dict[str, Any]]]:
-    """A format-2 report's sections and tests; ``(None, {})`` for an older report."""
-    if data.get("format") != 2:
-        return None, {}
-    sections, tests = data.get("sections"), data.get("tests")
-    fine = (
-        isinstance(sections, dict)
-        and isinstance(tests, dict)
-        and all(isinstance(v, dict) for v in (*sections.values(), *tests.values()))
-        and all(isinstance(v.get("collected", []), list) for v in sections.values())
-    )
-    if not (fine and isinstance(sections, dict) and isinstance(tests, dict)):
-        raise ConfigError(
-            f"{path}: expected 'sections' and 'tests' objects in a format-2 report, found "
-            f"{type(sections).__name__} and {type(tests).__name__}"
-        )
-    return sections, tests
-
-
-def _source(path: Path, source: Any) -> tuple[str, tuple[str, ...]]:
-    """The tree hash and the narrowing options a report records."""
-    if source is None:
-        return "", ("an old report that does not say what it was produced from",)
-    selection = source.get("selection") if isinstance(source, dict) else None
-    narrowed = selection.get("narrowed_by") if isinstance(selection, dict) else None
-    tree = source.get("tree") if isinstance(source, dict) else None
-    if not isinstance(tree, str) or not isinstance(narrowed, list):
-        raise ConfigError(
-            f"{path}: expected 'source' with a 'tree' hash and a 'selection', found {source!r}"
-        )
-    return tree, tuple(map(str, narrowed))
 
 
 def load_reports(directory: Path | None, files: list[Path]) -> dict[str, DeviceReport | None]:

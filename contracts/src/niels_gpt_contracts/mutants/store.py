@@ -15,7 +15,6 @@ each other's kills.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import tempfile
@@ -23,8 +22,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import msgspec
 from filelock import FileLock
 
+from niels_gpt_contracts.decoding import Malformed, decode
 from niels_gpt_contracts.mutants.hints import killing_test
 
 if TYPE_CHECKING:
@@ -71,12 +72,26 @@ class Cache:
         self.entries = entries
 
 
+class Kill(msgspec.Struct, omit_defaults=True):
+    """One proven kill as stored: its proof key, why it died, the test that killed it."""
+
+    key: str
+    reason: str = ""
+    test: str | None = None
+
+
+class _Store(msgspec.Struct):
+    version: int
+    kills: dict[str, Kill] = {}
+
+
 def _read(path: Path) -> dict[str, dict[str, str]]:
-    if path.is_file():
-        with contextlib.suppress(ValueError, OSError):
-            data = json.loads(path.read_text(encoding="utf-8"))
-            if isinstance(data, dict) and data.get("version") == STORE_VERSION:
-                kills = data.get("kills", {})
-                if isinstance(kills, dict):
-                    return {k: v for k, v in kills.items() if isinstance(v, dict)}
-    return {}
+    """The kills stored at ``path``; none where the file is missing, of another
+    version, or not a store (decoded by type): its kills are then proven again."""
+    try:
+        store = decode(path.read_bytes(), _Store, str(path))
+    except (OSError, Malformed):
+        return {}
+    if store.version != STORE_VERSION:
+        return {}
+    return {name: msgspec.to_builtins(kill) for name, kill in store.kills.items()}
