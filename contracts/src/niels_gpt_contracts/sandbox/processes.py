@@ -7,9 +7,9 @@ subreaper on Linux (``prctl(PR_SET_CHILD_SUBREAPER)``), and is killed and
 reaped after the run. Elsewhere only the group kill applies (see SECURITY.md).
 
 A signal that ends the verdict (SIGTERM, SIGINT, SIGHUP, SIGQUIT) ends the
-whole tree too: ``ending_on_signals`` kills every descendant (walking ``/proc``,
-each one's process group as well) before ``Ended`` unwinds the checker, which
-then exits non-zero with no verdict.
+whole tree too: ``ending_on_signals`` kills every descendant (psutil's process
+tree, each one's process group as well) before ``Ended`` unwinds the checker,
+which then exits non-zero with no verdict.
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+import psutil  # type: ignore[import-untyped]
 
 PR_SET_CHILD_SUBREAPER = 36
 PR_SET_DUMPABLE = 4
@@ -75,54 +77,27 @@ def become_subreaper() -> bool:
 
 
 def _children() -> list[int]:
-    """Pids whose parent is this process (Linux ``/proc``; empty elsewhere)."""
-    me = os.getpid()
-    found: list[int] = []
-    proc = Path("/proc")
-    if not proc.is_dir():
-        return found
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            stat = (entry / "stat").read_text()
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])
-            if ppid == me:
-                found.append(int(entry.name))
-    return found
-
-
-def _table() -> dict[int, tuple[int, int, str]]:
-    """``pid -> (parent pid, process group, state)`` of every process in ``/proc``."""
-    out: dict[int, tuple[int, int, str]] = {}
-    proc = Path("/proc")
-    if not proc.is_dir():
-        return out
-    for entry in proc.iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError, ValueError, IndexError):
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-                out[int(entry.name)] = (int(fields[1]), int(fields[2]), fields[0])
-    return out
+    """Pids whose parent is this process (psutil's process table)."""
+    with contextlib.suppress(psutil.Error):
+        return [child.pid for child in psutil.Process().children()]
+    return []
 
 
 def descendants(root: int | None = None) -> dict[int, int]:
     """``pid -> process group`` of every live (not zombie) process below ``root``
-    (this process by default), in ``/proc``'s tree; empty where there is none."""
-    table = _table()
-    below: dict[int, list[int]] = {}
-    for pid, (ppid, _, _) in table.items():
-        below.setdefault(ppid, []).append(pid)
+    (this process by default), in psutil's process tree; empty where there is none.
+
+    A process that exits while it is read is left out.
+    """
     found: dict[int, int] = {}
-    todo = list(below.get(os.getpid() if root is None else root, []))
-    while todo:
-        pid = todo.pop()
-        if pid in found or pid not in table:
-            continue
-        _, group, state = table[pid]
-        if state != "Z":
-            found[pid] = group
-        todo += below.get(pid, [])
+    try:
+        below = psutil.Process(os.getpid() if root is None else root).children(recursive=True)
+    except psutil.Error:
+        return found
+    for process in below:
+        with contextlib.suppress(psutil.Error, ProcessLookupError, PermissionError):
+            if process.status() != psutil.STATUS_ZOMBIE:
+                found[process.pid] = os.getpgid(process.pid)
     return found
 
 
