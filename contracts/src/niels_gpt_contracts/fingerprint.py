@@ -26,13 +26,14 @@ Imports nothing from the checker: the plugin and the gate both use it.
 from __future__ import annotations
 
 import ast
-import hashlib
 from collections.abc import Iterator
 from pathlib import Path
 
 import tomllib
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
+
+from niels_gpt_contracts.digests import Digest
 
 __all__ = ["Fingerprint", "imported_names", "owner", "stage_keys", "tree"]
 
@@ -152,9 +153,9 @@ def _closure(stage: str, edges: dict[str, set[str]]) -> set[str]:
 
 
 def _hash(root: Path) -> tuple[str, dict[str, str]]:
-    digest = hashlib.sha256()
-    own: dict[str, hashlib._Hash] = {}
-    shared = hashlib.sha256()
+    digest = Digest()
+    own: dict[str, Digest] = {}
+    shared = Digest()
     modules: dict[str, str] = {}  # module name -> the stage whose src holds it
     imports: dict[str, set[str]] = {}  # stage -> modules its tests import
     kit_imports: set[str] = set()  # modules the spec kit imports
@@ -165,10 +166,10 @@ def _hash(root: Path) -> tuple[str, dict[str, str]]:
         name = path.relative_to(root).as_posix().encode("utf-8", "surrogateescape")
         stage = _stage_of_file(rel)
         bucket = KIT_KEY if rel[:2] == KIT else stage or ""
-        for sink in (digest, own.setdefault(bucket, hashlib.sha256())):
-            sink.update(name + b"\0" + data + b"\0")
+        for sink in (digest, own.setdefault(bucket, Digest())):
+            sink.add(name, data)
         if len(rel) == 1 and rel[0] in ROOT_FILES:
-            shared.update(name + b"\0" + data + b"\0")
+            shared.add(name, data)
         if rel[:2] == KIT and path.suffix == ".py":
             kit_imports.update(imported_names(data, strings=True))
         if (module := _module_of(rel)) is not None and stage is not None:
@@ -178,9 +179,7 @@ def _hash(root: Path) -> tuple[str, dict[str, str]]:
             if rel[0] == "specs" and KIT_NAME in data:
                 kit_users.add(stage)
     for path in sorted(root.glob("packages/*/pyproject.toml")):  # not in the tree hash
-        own.setdefault(path.parent.name, hashlib.sha256()).update(
-            b"pyproject\0" + path.read_bytes()
-        )
+        own.setdefault(path.parent.name, Digest()).raw(b"pyproject\0" + path.read_bytes())
     # A stage's tests depend on the stages its package declares and on those
     # whose modules they import (kv_cache's tests run the fast path).
     edges = {stage: set(deps) for stage, deps in _dependencies(root).items()}
@@ -193,9 +192,9 @@ def _hash(root: Path) -> tuple[str, dict[str, str]]:
     stages |= {p.parent.name for p in root.glob("specs/*/tests") if p.is_dir()}
     keys = {}
     for stage in sorted(stages):
-        h = hashlib.sha256(f"stage {stage}\0".encode() + shared.digest())
+        h = Digest().raw(f"stage {stage}\0".encode() + shared.digest())
         for member in sorted(_closure(stage, edges)):
-            h.update(f"{member}\0".encode() + own.get(member, hashlib.sha256()).digest())
+            h.raw(f"{member}\0".encode() + own.get(member, Digest()).digest())
         keys[stage] = h.hexdigest()
     return digest.hexdigest(), keys
 

@@ -36,13 +36,13 @@ mutant.
 from __future__ import annotations
 
 import ast
-import hashlib
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import niels_gpt_contracts
+from niels_gpt_contracts.digests import Digest
 from niels_gpt_contracts.errors import ConfigError
 from niels_gpt_contracts.sandbox.environment import Snapshot
 
@@ -121,11 +121,7 @@ def normal_form(text: str) -> str:
 
 
 def _sha(parts: Iterable[str]) -> str:
-    digest = hashlib.sha256()
-    for part in parts:
-        digest.update(part.encode("utf-8", "surrogateescape"))
-        digest.update(b"\0")
-    return digest.hexdigest()
+    return Digest(*parts).hexdigest()
 
 
 def checker_files() -> list[str]:

@@ -18,7 +18,6 @@ it at all; a change is ``sandbox.tampered`` and the entry is discarded.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -26,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from niels_gpt_contracts.digests import file_digest
 from niels_gpt_contracts.sandbox import environment
 
 MANIFEST_VERSION = 1
@@ -37,11 +37,7 @@ def _entry(path: Path, content: bool) -> dict[str, Any]:
     if path.is_symlink():
         out["link"] = os.readlink(path)
     elif content:
-        digest = hashlib.sha256()
-        with path.open("rb") as handle:
-            for block in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(block)
-        out["sha256"] = digest.hexdigest()
+        out["sha256"] = file_digest(path)
     return out
 
 

@@ -24,7 +24,6 @@ after.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -37,6 +36,7 @@ from pathlib import Path
 from filelock import FileLock, Timeout
 
 import niels_gpt_contracts
+from niels_gpt_contracts.digests import Digest
 from niels_gpt_contracts.errors import ConfigError
 
 BOOTSTRAP_SITE = Path(__file__).with_name("_bootstrap_site.py")
@@ -246,11 +246,7 @@ class Snapshot:
 
 def fingerprint(constraints: str) -> str:
     """What decides a built environment's contents."""
-    digest = hashlib.sha256()
-    for part in (sys.version, " ".join(TOOLS), constraints):
-        digest.update(part.encode())
-        digest.update(b"\0")
-    return digest.hexdigest()[:16]
+    return Digest(sys.version, " ".join(TOOLS), constraints).hexdigest()[:16]
 
 
 def build(cache: Path, constraints: str, say: Callable[[str], None]) -> str:

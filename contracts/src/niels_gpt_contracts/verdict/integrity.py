@@ -11,13 +11,13 @@ said.
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import pkgutil
 from dataclasses import dataclass
 from pathlib import Path
 
 import niels_gpt_contracts
+from niels_gpt_contracts.digests import tree_digests
 from niels_gpt_contracts.rules import Rule
 from niels_gpt_contracts.sandbox.environment import Snapshot
 
@@ -74,11 +74,7 @@ def preload() -> int:
 
 def _hashes(root: Path) -> dict[str, str]:
     # __pycache__ included: a planted bytecode file would run instead of the source.
-    return {
-        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(root.rglob("*"))
-        if p.is_file()
-    }
+    return tree_digests(root)
 
 
 @dataclass

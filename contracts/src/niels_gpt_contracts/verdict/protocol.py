@@ -20,7 +20,6 @@ whose worker fails where the base's finished is BROKEN.
 from __future__ import annotations
 
 import ast
-import hashlib
 import random
 import secrets
 import shutil
@@ -32,6 +31,7 @@ from typing import Any
 
 from niels_gpt_contracts.checks import pr_context
 from niels_gpt_contracts.checks.modules import namespaces
+from niels_gpt_contracts.digests import file_digest
 from niels_gpt_contracts.errors import ConfigError
 from niels_gpt_contracts.gitdiff import GitRepo
 from niels_gpt_contracts.result import BROKEN, KEPT, NOT_RUN, Outcome, Violation
@@ -179,7 +179,7 @@ def _run(
     weights.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(scratch / "base" / "weights.safetensors", weights)
     changed = before.changes(Snapshot.take(list(code)))
-    if hashlib.sha256(weights.read_bytes()).hexdigest() != base.report.get("weights_sha256"):
+    if file_digest(weights) != base.report.get("weights_sha256"):
         changed.append(str(scratch / "base" / "weights.safetensors"))
     confine.add_readonly(box, [weights.parent])
     watched = [weights.parent, *code]
