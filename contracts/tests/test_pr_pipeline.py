@@ -3,6 +3,7 @@ phase timed, and the verdict stopped at the first BROKEN row unless ``--full``."
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -146,13 +147,12 @@ def test_runtime_rules_are_split_over_the_cores_and_all_judged(
     monkeypatch.setattr(runtime_probe, "run", fake)
     state = SimpleNamespace(
         usable={},
-        box=object(),
-        w=SimpleNamespace(drivers=tmp_path, head=tmp_path),
         plan=SimpleNamespace(rules=lambda: [(spec, r) for r in rules]),
         jobs=2,
         stage="s",
     )
-    [row] = list(pr.runtime_phase("cpu")(state))  # type: ignore[arg-type]
+    env = SimpleNamespace(box=object(), w=SimpleNamespace(drivers=tmp_path, head=tmp_path))
+    [row] = list(pr.runtime_phase("cpu")(state, env))  # type: ignore[arg-type]
     assert sorted(calls) == [["r0", "r2", "r4"], ["r1", "r3"]]
     assert row.status == "BROKEN"
     # One bad rule in each process's share; a share left out would be "not checked".
@@ -160,3 +160,20 @@ def test_runtime_rules_are_split_over_the_cores_and_all_judged(
         ("runtime.r1", "dispatched aten::bad"),
         ("runtime.r4", "dispatched aten::bad"),
     ]
+
+
+def test_a_phase_listed_after_the_environment_is_given_it() -> None:
+    """The environment phase makes an ``Environment``; the phases after it take it as an
+    argument, and one run without it is a wrongly ordered list, not a verdict."""
+
+    from types import SimpleNamespace
+
+    from niels_gpt_contracts.verdict import pr
+
+    def needs(v: object, env: object) -> Iterator[Outcome]:
+        yield Outcome("s", "x", "KEPT", str(env))
+
+    with pytest.raises(RuntimeError, match="needs runs before the environment phase"):
+        pr.after_environment(needs)(SimpleNamespace(env=None))  # type: ignore[arg-type]
+    [row] = list(pr.after_environment(needs)(SimpleNamespace(env="made")))  # type: ignore[arg-type]
+    assert row.summary == "made"

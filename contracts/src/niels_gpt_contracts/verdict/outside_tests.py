@@ -12,7 +12,8 @@
   tests has its stage's mutants run against the suite it leaves
   (``verdict.weakened``).
 
-Each is a ``pipeline.Phase`` function of the verdict's ``State`` (``verdict.state``).
+Each is a function of the verdict's ``State`` and the ``Environment`` the
+environment phase made (``verdict.state``; ``pr.after_environment`` hands it over).
 """
 
 from __future__ import annotations
@@ -26,13 +27,12 @@ from niels_gpt_contracts.result import KEPT, Outcome
 from niels_gpt_contracts.verdict import oracle, protocol, weakened
 
 if TYPE_CHECKING:
-    from niels_gpt_contracts.verdict.state import State
+    from niels_gpt_contracts.verdict.state import Environment, State
 
 
-def names_phase(v: State) -> Iterator[Outcome]:
-    assert v.box is not None
+def names_phase(v: State, env: Environment) -> Iterator[Outcome]:
     spec, specs = v.ctx.spec, v.ctx.specs
-    interpreter = (v.box.python, v.box.environ([]))
+    interpreter = (env.box.python, env.box.environ([]))
     found = name_rules.check_names(
         spec, specs, v.ctx.head_tree, namespaces(specs), interpreter, static=False, check="names"
     )
@@ -42,25 +42,22 @@ def names_phase(v: State) -> Iterator[Outcome]:
         yield Outcome(spec.id, "names", KEPT, "every library name resolved and allowed")
 
 
-def protocol_phase(v: State) -> Iterator[Outcome]:
-    assert v.box is not None and v.w is not None
-    code = (v.w.head, v.w.base)
+def protocol_phase(v: State, env: Environment) -> Iterator[Outcome]:
+    code = (env.w.head, env.w.base)
     seed = v.request.oracle_seed
-    scratch = v.box.tmp / "protocol"  # the workers write there: the workspace is read-only
-    yield protocol.judge_protocol(v.ctx, v.plan, v.box, code, scratch, v.say, seed)
+    scratch = env.box.tmp / "protocol"  # the workers write there: the workspace is read-only
+    yield protocol.judge_protocol(v.ctx, v.plan, env.box, code, scratch, v.say, seed)
 
 
-def oracle_phase(v: State) -> Iterator[Outcome]:
-    assert v.box is not None and v.w is not None
-    code = (v.w.head, v.w.base)
+def oracle_phase(v: State, env: Environment) -> Iterator[Outcome]:
+    code = (env.w.head, env.w.base)
     out = v.request.out or v.request.repo / "reports" / "oracle"
-    yield oracle.judge(v.ctx, v.plan, v.box, code, v.say, v.request.oracle_seed, out=out)
+    yield oracle.judge(v.ctx, v.plan, env.box, code, v.say, v.request.oracle_seed, out=out)
 
 
-def weakened_phase(v: State) -> Iterator[Outcome]:
-    assert v.box is not None and v.w is not None
+def weakened_phase(v: State, env: Environment) -> Iterator[Outcome]:
     if v.mutants_row is None:  # --skip-mutants: nothing to measure the suite by
         why = "skipped with the mutants (--skip-mutants)"
         yield Outcome(v.stage, "weakened", "NOT RUN", why)
         return
-    yield weakened.judge(v.ctx, v.plan, v.box, v.w.root, v.kills, v.mutants_row, v.jobs, v.say)
+    yield weakened.judge(v.ctx, v.plan, env.box, env.w.root, v.kills, v.mutants_row, v.jobs, v.say)

@@ -73,7 +73,7 @@ from niels_gpt_contracts.verdict import (
 from niels_gpt_contracts.verdict.integrity import SANDBOX_TAMPERED
 from niels_gpt_contracts.verdict.mutation import CACHE_NAME, run_mutants
 from niels_gpt_contracts.verdict.pipeline import Phase
-from niels_gpt_contracts.verdict.state import PrRequest, Say, State
+from niels_gpt_contracts.verdict.state import Environment, PrRequest, Say, State
 
 
 def _outcome(stage: str, check: str, found: list[Violation], kept: str) -> Outcome:
@@ -127,33 +127,51 @@ def static_phase(v: State) -> None:
 
 
 def environment_phase(v: State) -> None:
-    """The sandbox interpreter and the workspace; the guard's first snapshot."""
-    v.w = files.write_workspace(v.ctx, v.plan, v.scratch)
+    """The sandbox interpreter and the workspace; the guard's first snapshot (``v.env``)."""
+    w = files.write_workspace(v.ctx, v.plan, v.scratch)
     constraints = v.ctx.base_tree.read("constraints.txt") or ""
-    v.python = v.python_given or env_trust.build(v.request.cache, constraints, v.say)
-    box = Sandbox.prepare(v.python, v.w.root / "sandbox", namespaces(v.ctx.specs), threads=1)
-    v.guard = integrity.Guard.take([*box.trusted_paths(), *v.w.watched(), str(box.boot)])
+    python = v.python_given or env_trust.build(v.request.cache, constraints, v.say)
+    box = Sandbox.prepare(python, w.root / "sandbox", namespaces(v.ctx.specs), threads=1)
+    guard = integrity.Guard.take([*box.trusted_paths(), *w.watched(), str(box.boot)])
     # Where Linux allows: every run of the sandbox interpreter behind read-only mounts.
-    watched: list[str | Path] = [*v.guard.roots, v.guard.package, v.request.cache]
-    v.box, confinement = confine.confined(box, [*watched, v.request.repo])
-    v.say(f"sandbox interpreter {v.python} ({confinement}); workspace {v.w.root}")
+    watched: list[str | Path] = [*guard.roots, guard.package, v.request.cache]
+    confined, confinement = confine.confined(box, [*watched, v.request.repo])
+    v.env = Environment(python, w, confined, guard)
+    v.say(f"sandbox interpreter {python} ({confinement}); workspace {w.root}")
 
 
-def api_phase(v: State) -> Iterator[Outcome]:
-    assert v.box is not None
+EnvPhase = Callable[[State, Environment], Iterator[Outcome]]
+
+
+def after_environment(fn: EnvPhase) -> Callable[[State], Iterator[Outcome]]:
+    """``fn`` as a phase, given the ``Environment`` the environment phase made (it is
+    listed after that phase, which a verdict stopped before never reaches).
+
+    Raises:
+        RuntimeError: the phase runs without an environment (a wrongly ordered list).
+    """
+
+    def phase(v: State) -> Iterator[Outcome]:
+        if v.env is None:
+            raise RuntimeError(f"{fn.__name__} runs before the environment phase")
+        return fn(v, v.env)
+
+    return phase
+
+
+def api_phase(v: State, env: Environment) -> Iterator[Outcome]:
     owned = [f for s in v.ctx.specs.values() for f in s.module_files]
     spec = v.ctx.spec
     base = (v.ctx.base_tree, owned)  # a timeout is judged against the base's own probe
-    found = api.check_api([spec], v.ctx.head_tree, v.box.python, v.box.environ([]), owned, base)
+    found = api.check_api([spec], v.ctx.head_tree, env.box.python, env.box.environ([]), owned, base)
     processes.reap_orphans()
     yield _outcome(spec.id, "api", found.get(spec.id, []), f"{len(spec.api)} objects match")
 
 
-def _usable(v: State, device: str) -> Iterator[Outcome]:
+def _usable(v: State, env: Environment, device: str) -> Iterator[Outcome]:
     """Probe ``device`` by computing on it; a row saying why when it cannot run the tests."""
     if device not in v.usable:
-        assert v.box is not None
-        found = device_probe.probe(device, python=v.box.python) if device != "cpu" else None
+        found = device_probe.probe(device, python=env.box.python) if device != "cpu" else None
         v.usable[device] = found is None or found.ok
         if found is not None and not found.ok:
             why = f"{device} not usable here, tests not run: {found.reason}"
@@ -167,13 +185,12 @@ def _usable(v: State, device: str) -> Iterator[Outcome]:
                 yield Outcome(spec.id, f"device:{device}", "NOT RUN", why)
 
 
-def runtime_phase(device: str) -> Callable[[State], Iterator[Outcome]]:
-    def phase(v: State) -> Iterator[Outcome]:
-        yield from _usable(v, device)
+def runtime_phase(device: str) -> EnvPhase:
+    def phase(v: State, env: Environment) -> Iterator[Outcome]:
+        yield from _usable(v, env, device)
         if not v.usable[device]:
             return
-        assert v.box is not None and v.w is not None
-        box, drivers, roots = v.box, v.w.drivers, workspace.src_roots(v.w.head)
+        box, drivers, roots = env.box, env.w.drivers, workspace.src_roots(env.w.head)
         rules = v.plan.rules()
         # The drivers run under the profiler, one after the other in a process:
         # split them over the cores, one probe process each.
@@ -194,13 +211,12 @@ def runtime_phase(device: str) -> Callable[[State], Iterator[Outcome]]:
     return phase
 
 
-def tests_phase(device: str) -> Callable[[State], Iterator[Outcome]]:
-    def phase(v: State) -> Iterator[Outcome]:
-        yield from _usable(v, device)
+def tests_phase(device: str) -> EnvPhase:
+    def phase(v: State, env: Environment) -> Iterator[Outcome]:
+        yield from _usable(v, env, device)
         if not v.usable[device]:
             return
-        assert v.box is not None and v.w is not None
-        runner = testing.Runner(v.box, v.w, v.jobs, v.request.timeout)
+        runner = testing.Runner(env.box, env.w, v.jobs, v.request.timeout)
         found, runs = testing.tests_on(runner, v.plan, device, v.say)
         yield _outcome(v.stage, f"tests:{device}", found, testing.summary(runs))
         required = device in v.request.require_devices
@@ -210,24 +226,23 @@ def tests_phase(device: str) -> Callable[[State], Iterator[Outcome]]:
     return phase
 
 
-def mutants_phase(v: State) -> Iterator[Outcome]:
-    assert v.box is not None and v.w is not None
+def mutants_phase(v: State, env: Environment) -> Iterator[Outcome]:
     if not v.request.mutants:
         why = "skipped (--skip-mutants: a device job beside a full verdict)"
         yield Outcome(v.stage, "mutants", "NOT RUN", why)
         return
-    v.mutants_row = run_mutants(v.ctx, v.plan, v.w, v.box, v.request, v.kills, v.say)
+    v.mutants_row = run_mutants(v.ctx, v.plan, env.w, env.box, v.request, v.kills, v.say)
     yield v.mutants_row
 
 
 def sandbox_phase(v: State) -> Iterator[Outcome]:
     """The guard's verdict on whatever of the PR's code ran (nothing before ``environment``)."""
-    if v.guard is None:
+    if v.env is None:
         return
-    tampered = v.guard.changes()
+    tampered = v.env.guard.changes()
     if tampered and v.python_given is None:
         # Never reuse an environment the PR's code may have poisoned.
-        env_trust.discard(Path(v.python).parent.parent)
+        env_trust.discard(Path(v.env.python).parent.parent)
     message = "changed while the PR's code ran: the PR's code wrote outside its sandbox"
     found = [
         Violation(SANDBOX_TAMPERED.id, p, None, message, v.stage, "sandbox") for p in tampered[:20]
@@ -237,20 +252,24 @@ def sandbox_phase(v: State) -> Iterator[Outcome]:
 
 def phases(request: PrRequest) -> list[Phase]:
     """The verdict's phases in the order they run: cheapest first."""
+
+    def env(name: str, checks: tuple[str, ...], fn: EnvPhase) -> Phase:
+        return Phase(name, checks, after_environment(fn))
+
     out = [
         Phase("static", (), static_phase),
         Phase("environment", (), environment_phase),
-        Phase("api", ("api",), api_phase),
-        Phase("names", ("names",), outside_tests.names_phase),
-        Phase("protocol", ("protocol",), outside_tests.protocol_phase),
+        env("api", ("api",), api_phase),
+        env("names", ("names",), outside_tests.names_phase),
+        env("protocol", ("protocol",), outside_tests.protocol_phase),
     ]
     for d in request.devices:
-        out.append(Phase(f"runtime:{d}", (f"runtime:{d}",), runtime_phase(d)))
+        out.append(env(f"runtime:{d}", (f"runtime:{d}",), runtime_phase(d)))
         if d == "cpu":  # the decisive check, dearer than the drivers, cheaper than the tests
-            out.append(Phase("oracle:cpu", ("oracle:cpu",), outside_tests.oracle_phase))
-        out.append(Phase(f"tests:{d}", (f"tests:{d}", f"device:{d}"), tests_phase(d)))
-    out.append(Phase("mutants", ("mutants",), mutants_phase))
-    out.append(Phase("weakened", ("weakened",), outside_tests.weakened_phase))
+            out.append(env("oracle:cpu", ("oracle:cpu",), outside_tests.oracle_phase))
+        out.append(env(f"tests:{d}", (f"tests:{d}", f"device:{d}"), tests_phase(d)))
+    out.append(env("mutants", ("mutants",), mutants_phase))
+    out.append(env("weakened", ("weakened",), outside_tests.weakened_phase))
     out.append(Phase("sandbox", ("sandbox",), sandbox_phase, always=True))
     return out
 

@@ -1,4 +1,5 @@
-"""What ``contracts pr`` was asked (``PrRequest``) and what its phases share (``State``).
+"""What ``contracts pr`` was asked (``PrRequest``), what its phases share (``State``)
+and what the environment phase makes for the phases after it (``Environment``).
 
 Its own module so that the phases in ``outside_tests`` and ``mutation`` can name
 these types without importing ``pr``, which imports them: the verdict's
@@ -42,9 +43,21 @@ class PrRequest:
     out: Path | None = None  # the oracle's reproducer folder; None: <repo>/reports/oracle
 
 
+@dataclass(frozen=True)
+class Environment:
+    """What the environment phase makes, taken by every phase after it that runs the
+    PR's code: the sandbox interpreter, the workspace, the (confined) sandbox and
+    the integrity guard's first snapshot."""
+
+    python: str
+    w: Workspace
+    box: Sandbox
+    guard: integrity.Guard
+
+
 @dataclass
 class State:
-    """What the phases share; filled as they run."""
+    """What the phases share; filled as they run (``env`` by the environment phase)."""
 
     request: PrRequest
     ctx: pr_context.PrContext
@@ -56,10 +69,7 @@ class State:
     python_given: str | None
     plan: plan.Plan = field(init=False)
     claims: list[invariants.Claim] = field(default_factory=list)
-    python: str = ""
-    w: Workspace | None = None
-    box: Sandbox | None = None
-    guard: integrity.Guard | None = None
+    env: Environment | None = None
     usable: dict[str, bool] = field(default_factory=dict)
     mutants_row: Outcome | None = None  # the base suite's kills, for ``weakened``
 
