@@ -279,10 +279,65 @@ def test_evidence_compares_definitions_not_bytes() -> None:
     assert worst(compare_file("t.py", base, base.replace("X == 1", "True"))) == "BREAKING"
     assert worst(compare_file("t.py", base, base.replace("X = 1", "X = 2"))) == "BREAKING"
     assert worst(compare_file("t.py", base, None)) == "BREAKING"
-    imports = "from m import a\nimport x\n"
-    assert worst(compare_file("t.py", imports, "from m import a, b\nimport x, y\n")) == "ADDITIVE"
-    assert worst(compare_file("t.py", imports, "from m import b\nimport x\n")) == "BREAKING"
+    imports = "from m import a\nimport x\n\n\ndef test_c():\n    assert a(x)\n"
+    grown = imports.replace("import a", "import a, b") + "\n\ndef test_d():\n    assert b\n"
+    assert worst(compare_file("t.py", imports, grown)) == "ADDITIVE"  # a new test, b imported
+    unused = imports.replace("import a", "import a, b")
+    assert compare_file("t.py", imports, unused) == []  # an import nothing uses is no evidence
+    swapped = imports.replace("from m import a", "from n import a")
+    assert worst(compare_file("t.py", imports, swapped)) == "BREAKING"  # a loads another thing
     assert worst(compare_file("t.py", base, "def (")) == "BREAKING"
+
+
+LONGHAND = """\
+import importlib.util
+from pathlib import Path
+
+_SPEC = importlib.util.spec_from_file_location("kit", Path(__file__).parents[1] / "_kit" / "k.py")
+assert _SPEC is not None and _SPEC.loader is not None
+kit = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(kit)
+SCALE, ERRORS = kit.SCALE, kit.ERRORS
+
+
+def _beside(name):
+    path = Path(__file__).with_name(f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def calls(o):
+    kit.sweep(o, SCALE, ERRORS)
+    _beside("s_domain").calls(o)
+"""
+IMPORTED = """\
+import s_domain
+from speckit import k as kit
+from speckit.k import ERRORS, SCALE
+
+
+def calls(o):
+    kit.sweep(o, SCALE, ERRORS)
+    s_domain.calls(o)
+"""
+
+
+def test_a_load_by_path_and_an_import_of_the_same_file_are_the_same_evidence() -> None:
+    """The kit file moved (``specs/_kit/k.py`` -> ``specs/_kit/speckit/k.py``, as git
+    pairs it) and every load by path turned into an import: nothing changed."""
+    renames = {"specs/_kit/k.py": "specs/_kit/speckit/k.py"}
+    path = "specs/s/s_oracle.py"
+    assert compare_file(path, LONGHAND, IMPORTED, renames) == []
+    unmoved = compare_file(path, LONGHAND, IMPORTED)  # without the rename: another file
+    assert [c.level for c in unmoved] == ["BREAKING"] * 3, unmoved
+    other = IMPORTED.replace("import s_domain", "import s_other as s_domain")
+    changes = compare_file(path, LONGHAND, other, renames)
+    assert worst(changes) == "BREAKING"
+    assert "s_domain loads file:specs/s/s_other.py, was file:specs/s/s_domain.py" in str(changes)
+    edited = IMPORTED.replace("s_domain.calls(o)", "s_domain.calls(None)")
+    assert worst(compare_file(path, LONGHAND, edited, renames)) == "BREAKING"
 
 
 def test_a_module_and_a_package_of_its_own_have_one_import_name() -> None:

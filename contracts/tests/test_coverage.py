@@ -72,43 +72,31 @@ def test_an_axis_taken_out_of_the_driver_is_named(stage: str, axis: str) -> None
     assert f"'{axis}'" in found[0].message
 
 
-def _kit_names(texts: Mapping[str, str]) -> list[str]:
-    """The module names of the real kit's files, longest first (none is cut from another)."""
-    stems = {Path(f).stem for f in texts if f.startswith("specs/_kit/") and f.endswith(".py")}
-    return sorted(stems, key=len, reverse=True)
+def _declaring(spec: Spec, kit: tuple[str, ...]) -> Spec:
+    """``spec`` with its ``[oracle] kit`` declaration replaced by ``kit``."""
+    assert spec.oracle is not None
+    return replace(spec, oracle=replace(spec.oracle, kit=kit))
 
 
-def _renamed(texts: Mapping[str, str], own: str, to: str) -> dict[str, str]:
-    """``texts`` with every kit module name in the files under ``own`` replaced by ``to``."""
-    out = dict(texts)
-    for f, t in texts.items():
-        if f.startswith(own):
-            for stem in _kit_names(texts):
-                t = t.replace(stem, to)
-            out[f] = t
-    return out
-
-
-def test_the_kits_sweeps_count_only_for_a_stage_whose_driver_names_them() -> None:
+def test_the_kits_sweeps_count_only_for_a_stage_whose_spec_declares_them() -> None:
     specs, texts = _real()
-    own = "specs/attention/"
-    assert any(k in t for k in _kit_names(texts) for f, t in texts.items() if f.startswith(own))
-    found = check_coverage(specs["attention"], _Dict(_renamed(texts, own, "elsewhere")))
+    assert specs["attention"].oracle is not None
+    assert specs["attention"].oracle.kit == ("module_sweeps",)
+    found = check_coverage(_declaring(specs["attention"], ()), _Dict(texts))
     assert {v.rule for v in found} == {"oracle.coverage"}
     assert "'magnitude'" in " ".join(v.message for v in found)  # swept by the kit alone
 
 
-@pytest.mark.parametrize("relay_names_the_kit", [True, False])
-def test_a_kit_file_counts_through_the_kit_file_that_names_it(relay_names_the_kit: bool) -> None:
-    """attention's drivers name one relay file of the kit; the sweeps count when it names them."""
+@pytest.mark.parametrize("relay_imports_the_sweep", [True, False])
+def test_a_kit_module_counts_through_the_kit_module_that_imports_it(
+    relay_imports_the_sweep: bool,
+) -> None:
+    """attention declares one relay module of the kit; the sweep counts when it imports it."""
     specs, texts = _real()
-    relay = " ".join(_kit_names(texts)) if relay_names_the_kit else "nothing"
-    tree = {
-        **_renamed(texts, "specs/attention/", "relaykit"),
-        "specs/_kit/relaykit.py": f"# loads {relay}\n",
-    }
-    found = check_coverage(specs["attention"], _Dict(tree))
-    if relay_names_the_kit:
+    relay = "from speckit import module_sweeps\n" if relay_imports_the_sweep else "import torch\n"
+    tree = {**texts, "specs/_kit/speckit/relay.py": relay}
+    found = check_coverage(_declaring(specs["attention"], ("relay",)), _Dict(tree))
+    if relay_imports_the_sweep:
         assert found == []
     else:
         assert "'magnitude'" in " ".join(v.message for v in found)

@@ -2,7 +2,7 @@
 
 ``tree(root)`` hashes, in a fixed order, the path and bytes of every file that
 decides a stage test run: ``packages/*/src/**``, ``packages/*/tests/**``, the
-acceptance tests ``specs/*/tests/**``, the spec kit they load (``specs/_kit``),
+acceptance tests ``specs/*/tests/**``, the spec kit they import (``specs/_kit``),
 the root ``conftest.py`` and the root ``pyproject.toml`` (pytest's settings).
 Caches (``__pycache__``, ``*.pyc``, dot-folders) are left out. The pytest
 plugin writes it into every report; the gate recomputes it, and a report
@@ -11,7 +11,8 @@ from another tree is stale.
 The hash it returns (a ``Fingerprint``, a ``str``) also carries one **key per
 stage**: the stage's own files (``packages/<stage>/src``, ``tests``, its
 ``pyproject.toml`` and ``specs/<stage>/tests``), the shared root files, the
-spec kit where its acceptance tests load it, and the own files of every
+spec kit where its spec declares kit modules (``[oracle] kit``, read from
+``specs/<stage>.toml``), and the own files of every
 stage it reaches through its package's dependencies (the packages'
 ``pyproject.toml``) and through the modules its tests (or the kit they load)
 import (kv_cache's tests run the fast path, which its package does not
@@ -39,8 +40,7 @@ __all__ = ["Fingerprint", "imported_names", "owner", "stage_keys", "tree"]
 
 PATTERNS = ("packages/*/src", "packages/*/tests", "specs/*/tests", "specs/_kit")
 ROOT_FILES = ("conftest.py", "pyproject.toml")
-KIT = ("specs", "_kit")  # the spec kit (``checks.speckit``), part of the stages that name it
-KIT_NAME = b"speckit"  # every kit file's name holds it: a test naming one is keyed on all
+KIT = ("specs", "_kit")  # the spec kit (``checks.speckit``), part of the stages declaring it
 KIT_KEY = "_kit"  # its files' bucket; no stage id starts with "_"
 
 
@@ -113,6 +113,20 @@ def _requirement_name(text: str) -> str | None:
         return None
 
 
+def _kit_users(root: Path) -> set[str]:
+    """The stages whose ``specs/<stage>.toml`` declares spec kit modules; a spec that
+    does not parse declares none (the gate refuses it)."""
+    found = set()
+    for path in sorted(root.glob("specs/*.toml")):
+        try:
+            oracle = tomllib.loads(path.read_text(encoding="utf-8")).get("oracle", {})
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+            continue
+        if isinstance(oracle, dict) and oracle.get("kit"):
+            found.add(path.stem)
+    return found
+
+
 def _module_of(rel: tuple[str, ...]) -> str | None:
     """``packages/<s>/src/a/b.py`` -> ``a.b``, ``.../a/b/__init__.py`` -> ``a.b`` (what an
     import names: ``from a.b import X`` loads the package); anything else -> ``None``."""
@@ -159,7 +173,6 @@ def _hash(root: Path) -> tuple[str, dict[str, str]]:
     modules: dict[str, str] = {}  # module name -> the stage whose src holds it
     imports: dict[str, set[str]] = {}  # stage -> modules its tests import
     kit_imports: set[str] = set()  # modules the spec kit imports
-    kit_users: set[str] = set()  # stages whose acceptance tests load the kit
     for path in _files(root):
         rel = path.relative_to(root).parts
         data = path.read_bytes()
@@ -176,15 +189,13 @@ def _hash(root: Path) -> tuple[str, dict[str, str]]:
             modules[module] = stage
         if stage is not None and "tests" in rel[2:3] and path.suffix == ".py":
             imports.setdefault(stage, set()).update(imported_names(data, strings=True))
-            if rel[0] == "specs" and KIT_NAME in data:
-                kit_users.add(stage)
     for path in sorted(root.glob("packages/*/pyproject.toml")):  # not in the tree hash
         own.setdefault(path.parent.name, Digest()).raw(b"pyproject\0" + path.read_bytes())
     # A stage's tests depend on the stages its package declares and on those
     # whose modules they import (kv_cache's tests run the fast path).
     edges = {stage: set(deps) for stage, deps in _dependencies(root).items()}
-    for stage in kit_users:  # on the spec kit they load, and on what it imports
-        imports[stage] |= kit_imports
+    for stage in _kit_users(root):  # on the spec kit they declare, and on what it imports
+        imports.setdefault(stage, set()).update(kit_imports)
         edges.setdefault(stage, set()).add(KIT_KEY)
     for stage, names in imports.items():
         edges.setdefault(stage, set()).update(modules[n] for n in names if n in modules)

@@ -32,13 +32,14 @@ a user property and the controller writes the file.
 from __future__ import annotations
 
 import json
+import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 
-from niels_gpt_contracts import device_report, fingerprint
+from niels_gpt_contracts import device_report, fingerprint, specpath
 from niels_gpt_contracts.collection import (
     COLLECTED,
     CollectionRecorder,
@@ -104,6 +105,8 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers",
         "invariant(id): the test verifies spec invariant '<stage>.<id>' (see specs/)",
     )
+    # the spec kit and the stages' test helpers, imported by name (``specpath``)
+    sys.path.extend(p for p in specpath.test_path(config.rootpath) if p not in sys.path)
     name = config.getoption("--device")
     if name != "cpu" and not device_available(name):
         raise pytest.UsageError(f"--device {name}: {name} is not available on this machine")

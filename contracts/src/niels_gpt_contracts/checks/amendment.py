@@ -16,10 +16,11 @@ tests. The change is the worst level found:
 A major bump with a ``Spec-Break:`` trailer declares a break the data cannot
 show (a behaviour described in a comment). The range may touch nothing but
 the named stages' ``specs/<stage>.toml`` and ``specs/<stage>/``, a spec kit
-file under ``specs/_kit/`` when it names every stage that loads that file
-(``checks.speckit``), plus ``packages/<stage>/tests/`` of a declared break,
-and under their ``src/`` only moves that change no code (a file renamed with its content unchanged,
-a package's code moved verbatim from its ``__init__.py`` into one named module
+file under ``specs/_kit/`` when it names every stage whose spec declares that
+file, in the base or the head (``checks.speckit``), plus
+``packages/<stage>/tests/`` of a declared break, and under their ``src/``
+only moves that change no code (a file renamed with its content unchanged, a
+package's code moved verbatim from its ``__init__.py`` into one named module
 beside it, leaving an ``__init__.py`` that only re-exports, and an empty
 ``py.typed`` marker added or removed): a contributor cannot pass
 code off as an amendment, and the schema is the checker's, not a stage's.
@@ -127,7 +128,7 @@ def _version(text: str | None) -> Version:
 
 def _owner(path: str, specs: Mapping[str, Spec]) -> tuple[str | None, str]:
     """``(stage, part)`` a path belongs to: ``spec``, its ``changelog``, ``evidence``,
-    ``tests``, the spec kit (``kit``, every stage that loads it: ``_kit_path``), or no
+    ``tests``, the spec kit (``kit``, every stage that declares it: ``_kit_path``), or no
     stage (``other``)."""
     if speckit.in_kit(path):
         return None, "kit"
@@ -163,13 +164,27 @@ class _Judge:
         self.specs = load_specs(self.before)
         self.schema = load_schema(self.before.read(SCHEMA_PATH))
         self.named = named
+        self.renames: dict[str, str] = {}  # old path -> new path, as git pairs them
 
     def kit_loaders(self, kit_file: str) -> set[str]:
-        """The stages that load ``kit_file`` in the base or the head (``checks.speckit``)."""
-        stages = set(self.specs) | self.named
-        return speckit.users(self.before, stages, kit_file) | speckit.users(
-            self.after, stages, kit_file
-        )
+        """The stages whose specs declare ``kit_file``, in the base or the head."""
+        found: set[str] = set()
+        for tree in (self.before, self.after):
+            kit = speckit.kit_texts(tree.files(), tree.read_many)
+            found |= speckit.users(self._declarations(tree), kit_file, kit)
+        return found
+
+    def _declarations(self, tree: Tree) -> dict[str, tuple[str, ...]]:
+        """Stage -> the kit modules its spec in ``tree`` declares (read leniently: the
+        head's specs are validated stage by stage, later)."""
+        out: dict[str, tuple[str, ...]] = {}
+        for stage in sorted(set(self.specs) | self.named):
+            text = tree.read(f"{SPECS_DIR}/{stage}.toml")
+            try:
+                out[stage] = speckit.declared_in(tomllib.loads(text or ""))
+            except tomllib.TOMLDecodeError:
+                out[stage] = ()
+        return out
 
     def stage(self, stage: str, paths: list[str], declared: bool) -> list[Outcome]:
         path = f"{SPECS_DIR}/{stage}.toml"
@@ -189,12 +204,21 @@ class _Judge:
         unswept = check_coverage(head_spec, self.after)  # declared axes the driver never sweeps
         if unswept:
             return [*rows, Outcome(stage, "coverage", BROKEN, "a declared axis unswept", unswept)]
+        own = [f for f in self.after.files() if f.startswith(f"{SPECS_DIR}/{stage}/")]
+        hidden = speckit.undeclared(head_spec, dict(self.after.read_many(own)))
+        if hidden:  # a kit import the declaration does not show
+            return [*rows, Outcome(stage, "speckit", BROKEN, "an undeclared kit import", hidden)]
         if before is None:
             why = f"new stage spec {head_spec.version}: its first PR adds the package"
             return [*rows, Outcome(stage, "amendment", KEPT, why)]
         changes = classify(tomllib.loads(before), tomllib.loads(after))
+        was = {new: old for old, new in self.renames.items()}
         for p in paths:
-            changes += compare_file(p, self.before.read(p), self.after.read(p))
+            if self.renames.get(p) in paths:
+                continue  # compared with its new self, below
+            old = was.get(p)
+            before = self.before.read(old or p)
+            changes += compare_file(p, before, self.after.read(p), self.renames, old)
         level = worst(changes)
         bv, hv = self.specs[stage].version, head_spec.version
         b, h = _version(bv), _version(hv)
@@ -292,7 +316,7 @@ def _paths(
 
 
 def _kit_path(j: _Judge, path: str, touched: dict[str, list[str]]) -> list[Violation]:
-    """A kit file is evidence of each stage that loads it, before or after: each must
+    """A kit file is evidence of each stage that declares it, before or after: each must
     be named, and the file is compared as that stage's own (``checks.speckit``)."""
     loaders = j.kit_loaders(path)
     for stage in sorted(loaders & j.named):
@@ -301,7 +325,7 @@ def _kit_path(j: _Judge, path: str, touched: dict[str, list[str]]) -> list[Viola
         _v(
             AMENDMENT_TRAILER.id,
             path,
-            f"changes the spec kit {stage!r} loads without a 'Spec: {stage}' trailer",
+            f"changes the spec kit {stage!r} declares without a 'Spec: {stage}' trailer",
         )
         for stage in sorted(loaders - j.named)
     ]
@@ -332,6 +356,7 @@ def judge(repo_dir: Path, base_rev: str, head_rev: str | None) -> Result | None:
     breaking = {c for c, reason in repo.trailers(merge_base, head_commit, "Spec-Break") if reason}
     declared = {stage for c, stage in spec_trailers if c in breaking}
     j = _Judge(repo, merge_base, head, named)
+    j.renames = {c.old_path: c.path for c in changes if c.status == "R" and c.old_path}
     result = Result("pr", stages=sorted(named), base=base, head=head, merge_base=merge_base)
     result.changed_paths = len(changes)
     loose, touched = _paths(j, changes, named, declared)

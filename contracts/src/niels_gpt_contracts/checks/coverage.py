@@ -6,8 +6,8 @@ domain its driver must sweep (``magnitude``, ``dtype``, ``layout``,
 specs/spec.schema.json). A driver marks the calls that sweep an axis with
 ``o.call(..., axes=("magnitude", ...))``. This check reads the driver file
 and every other ``.py`` file beside it under ``specs/<stage>/`` (the modules
-a driver loads by path; the stage's ``tests/`` excluded) and every spec kit
-file one of them names, or a kit file so named names in turn
+a driver imports; the stage's ``tests/`` excluded) and every spec kit
+file the spec declares or reaches through the kit's imports
 (``checks.speckit``: the oracle sweeps), collects the
 string literals given as ``axes=`` to any ``.call(...)``, and names each
 declared axis none of them carries. Nothing is imported or run.
@@ -117,10 +117,10 @@ def check_coverage(spec: Spec, tree: Tree) -> list[Violation]:
         return []
     files = driver_files(spec, tree.files())
     texts = dict(tree.read_many(files))
-    loaded = [t for t in texts.values() if t is not None]
-    kit = dict(tree.read_many(speckit.kit_files(tree.files())))
-    for path in speckit.named_by(loaded, kit):  # the kit's sweeps count where a driver
-        texts[path] = kit[path]  # loads them, directly or through another kit file
+    kit = speckit.kit_texts(tree.files(), tree.read_many)
+    for path in speckit.files_used(speckit.declared(spec), kit):  # the kit's sweeps count
+        if path.endswith(".py"):  # where the spec declares them
+            texts[path] = kit[path]
     found: list[Violation] = []
     swept: set[str] = set()
     for path, text in texts.items():

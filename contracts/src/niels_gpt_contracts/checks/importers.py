@@ -7,7 +7,7 @@ So a stage ``X`` *uses* a stage ``S`` when any file of ``X`` imports a module
 ``S`` owns: its sources (``packages/X/src``), its package tests
 (``packages/X/tests``), and everything of its beside the spec
 (``specs/X/``: acceptance tests, oracle, runtime and reference drivers),
-and each spec kit file that ``X``'s spec-side files load (``speckit``).
+and each spec kit file that ``X``'s spec declares (``speckit``).
 
 Imports are read with ``ast`` from the tree given (the base's, for a verdict):
 ``import a.b``, ``from a import b`` (``a.b`` when ``b`` is a module), at any
@@ -48,9 +48,10 @@ def uses(specs: Mapping[str, Spec], tree: Tree) -> dict[str, set[str]]:
         stage = by_stage[path]
         used = {owner[n] for n in imported_names(text) if n in owner} - {stage}
         edges.setdefault(stage, set()).update(used)
-    kit = tree.read_many(speckit.kit_files(files))
+    kit = speckit.kit_texts(files, tree.read_many)
+    declarations = {s.id: speckit.declared(s) for s in specs.values()}
     for kit_file, text in kit.items():
         reached = {owner[n] for n in imported_names(text or "") if n in owner}
-        for stage in speckit.users_in({**texts, **kit}, specs, kit_file):  # what a kit file
-            edges.setdefault(stage, set()).update(reached - {stage})  # imports, its users use
+        for stage in speckit.users(declarations, kit_file, kit):  # what a kit file imports,
+            edges.setdefault(stage, set()).update(reached - {stage})  # its users use
     return edges

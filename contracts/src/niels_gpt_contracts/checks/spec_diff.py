@@ -14,8 +14,9 @@ Each difference is a ``Change`` of one of three levels:
   added or moved, an ``[oracle]`` table, float64 reference or reference call
   added.
 - ``KEPT``: nothing in the contract moves: a title, a seed, a rule's message,
-  a re-targeted mutant patch (same id and bug), comments (TOML comments never
-  reach the parsed data).
+  a re-targeted mutant patch (same id and bug), the spec kit modules the
+  oracle table declares (what the kit files hold is judged as evidence,
+  ``checks.speckit``), comments (TOML comments never reach the parsed data).
 
 The spec's data is compared, not its text; ``schema_version`` and ``version``
 are the caller's business. Anything this module does not know how to judge is
@@ -234,6 +235,8 @@ def _oracle(base: Mapping[str, Any] | None, head: Mapping[str, Any] | None) -> l
         "BREAKING",
     )
     out += _sets(base.get("axes", []), head.get("axes", []), "oracle axis", "ADDITIVE", "BREAKING")
+    if base.get("kit", []) != head.get("kit", []):
+        out.append(Change("KEPT", "oracle kit declaration changed"))
     return out
 
 

@@ -9,9 +9,12 @@ and every editable-install finder is dropped, and the tree under check is
 appended the way an installed wheel would be found.
 
 stdin carries one JSON request, read whole before any stage code runs:
-``{"seed", "fd", "roots", "names", "preload", "references", "drivers":
+``{"seed", "fd", "roots", "paths", "names", "preload", "references", "drivers":
 [{"stage", "file", "function", "watch": {rule: casts}, "only" | "skip": [...],
 "capture"?}]}`` (``capture``: send each call's recipe first, ``_oracle_capture``).
+``paths`` (the spec kit's folder and the drivers' stage folders, ``specpath``)
+go after the roots; a driver is imported by its module name from there, and
+must be the file named.
 Answers go to file descriptor ``fd`` (a pipe the stage code has no name for)
 as frames (see ``_oracle_kit.Frames``): one per call (with what it left behind,
 ``_oracle_aftermath``), one ``held`` frame per ``Oracle.held``, one ``ops`` frame per
@@ -31,6 +34,7 @@ import importlib.util  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import traceback  # noqa: E402
+from collections.abc import Sequence  # noqa: E402
 from functools import partial  # noqa: E402
 from pathlib import Path  # noqa: E402
 from types import ModuleType  # noqa: E402
@@ -39,14 +43,14 @@ from typing import Any  # noqa: E402
 COUNT_EVERY = 4  # one call in this many (keyed by the seed) has its FLOPs and ops counted
 
 
-def _isolate(roots: list[str], names: list[str]) -> None:
+def _isolate(roots: list[str], names: list[str], paths: Sequence[str] = ()) -> None:
     def foreign(entry: str) -> bool:
         return bool(entry) and any(
             os.path.exists(os.path.join(entry, n)) or os.path.exists(os.path.join(entry, n + ".py"))
             for n in names
         )
 
-    sys.path[:] = [p for p in sys.path if not foreign(p)] + roots
+    sys.path[:] = [p for p in sys.path if not foreign(p)] + roots + list(paths)
     sys.meta_path[:] = [
         f for f in sys.meta_path if not type(f).__module__.startswith("__editable__")
     ]
@@ -65,6 +69,14 @@ def _load(name: str, path: str) -> ModuleType:
     spec.loader.exec_module(module)
     if package is not None:
         setattr(package, leaf, module)
+    return module
+
+
+def _driver(path: str) -> ModuleType:
+    """The driver file ``path``, imported by its module name from the spec folders."""
+    module = importlib.import_module(Path(path).stem)
+    if module.__file__ is None or Path(module.__file__).resolve() != Path(path).resolve():
+        raise ImportError(f"expected the driver {path}, found {module.__file__}")
     return module
 
 
@@ -105,7 +117,7 @@ def main() -> None:
     _not_dumpable()
     request = json.loads(sys.stdin.buffer.read())
     out = os.fdopen(int(request["fd"]), "wb", closefd=True)
-    _isolate(list(request["roots"]), list(request["names"]))
+    _isolate(list(request["roots"]), list(request["names"]), list(request.get("paths", [])))
     kit = _load("_oracle_kit", str(Path(__file__).with_name("_oracle_kit.py")))
     after = _load("_oracle_aftermath", str(Path(__file__).with_name("_oracle_aftermath.py")))
     frames = kit.Frames(out)
@@ -134,7 +146,7 @@ def main() -> None:
             oracle.capture = cap.capture
         oracle.after = after.Aftermath(partial(_counted, kit, int(request["seed"]), stage))
         try:
-            fn = getattr(_load(f"_oracle_driver_{stage}", driver["file"]), driver["function"])
+            fn = getattr(_driver(driver["file"]), driver["function"])
             if watch:
                 activity = [torch.profiler.ProfilerActivity.CPU]
                 with torch.profiler.profile(activities=activity) as prof:

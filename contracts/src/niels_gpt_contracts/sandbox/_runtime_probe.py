@@ -1,9 +1,10 @@
 """Runtime-rule probe, run in the sandbox (never imported by the checker).
 
-stdin carries ``{"device", "root", "rules": [{"id", "driver"}]}``. For each rule
-it loads the maintainer's driver (``specs/<stage>/<file>.py:<function>``, read
-from ``root``) and calls ``driver(device, record)``. Inside every ``with
-record():`` block the torch profiler records the name of each ATen op
+stdin carries ``{"device", "root", "paths", "rules": [{"id", "driver"}]}``. For
+each rule it imports the maintainer's driver (``specs/<stage>/<file>.py:<function>``,
+the file under ``root``) by its module name from ``paths`` (the spec kit's
+folder and the stages' folders, ``specpath``) and calls ``driver(device, record)``.
+Inside every ``with record():`` block the torch profiler records the name of each ATen op
 dispatched (composite ops such as ``aten::scaled_dot_product_attention``
 included), and the oracle kit's dispatch mode (``_oracle_kit.cast_spy``,
 loaded from its file) notes every ``aten::_to_copy`` or ``aten::copy_`` that
@@ -14,6 +15,7 @@ changes dtype or device. It prints one JSON object:
 from __future__ import annotations
 
 import contextlib
+import importlib
 import importlib.util
 import json
 import sys
@@ -37,13 +39,9 @@ def _spy_factory() -> Any:
 
 def _driver(root: Path, target: str) -> Any:
     path, _, name = target.partition(":")
-    spec = importlib.util.spec_from_file_location(
-        f"_contracts_driver_{Path(path).stem}", root / path
-    )
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot load the driver file {path}")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = importlib.import_module(Path(path).stem)
+    if module.__file__ is None or Path(module.__file__).resolve() != (root / path).resolve():
+        raise ImportError(f"expected the driver {root / path}, found {module.__file__}")
     return getattr(module, name)
 
 
@@ -82,6 +80,7 @@ def main() -> None:
 
     device = torch.device(request["device"])
     root = Path(request["root"])
+    sys.path.extend(request.get("paths", []))
     spy = _spy_factory()  # the kit, loaded once for every rule
     results = {rule["id"]: _probe(rule, device, root, spy) for rule in request["rules"]}
     sys.stdout.write("\n" + json.dumps(results) + "\n")

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from niels_gpt_contracts import specpath
 from niels_gpt_contracts.sandbox import processes
 from niels_gpt_contracts.sandbox.environment import Sandbox
 from niels_gpt_contracts.spec import Rule
@@ -49,9 +50,11 @@ def run(
     out = ProbeRun(device)
     if not rules:
         return out
+    stages = sorted({str(r.params["driver"]).split("/")[1] for r in rules})
     request = {
         "device": device,
         "root": str(drivers_root),
+        "paths": specpath.driver_path(drivers_root, stages),
         "rules": [{"id": rule_key(r), "driver": r.params["driver"]} for r in rules],
     }
     done = processes.run(

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from niels_gpt_contracts.spec.model import (
     KIT_DIR,
+    KIT_PACKAGE,
     META_PATTERNS,
     META_SPEC,
     RUNTIME_KINDS,
@@ -36,6 +37,7 @@ from niels_gpt_contracts.spec.schema import load_schema
 
 __all__ = [
     "KIT_DIR",
+    "KIT_PACKAGE",
     "META_PATTERNS",
     "META_SPEC",
     "RUNTIME_KINDS",

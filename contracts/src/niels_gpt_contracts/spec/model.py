@@ -18,9 +18,11 @@ from niels_gpt_contracts.rules import rule_kinds
 
 SPECS_DIR = "specs"
 SCHEMA_PATH = "specs/spec.schema.json"
-# The maintainers' kit: spec-side helpers several stages load by path (``checks.speckit``).
-# No stage id starts with "_" (the schema's pattern), so it is no stage's folder.
+# The maintainers' kit: the ``speckit`` package of spec-side helpers several stages
+# import (``checks.speckit``). No stage id starts with "_" (the schema's pattern), so
+# it is no stage's folder.
 KIT_DIR = "specs/_kit"
+KIT_PACKAGE = "speckit"
 
 # Paths that belong to no stage: the gate itself, its specs, CI and the
 # repository-wide tooling. A stage PR that touches one fails as a meta change.
@@ -123,6 +125,7 @@ class OracleSpec:
     references: Mapping[str, str] = field(default_factory=dict)  # module -> specs/<stage>/x.py
     reference_calls: tuple[str, ...] = ()
     axes: tuple[str, ...] = ()  # the domain axes the driver must sweep (checks/coverage)
+    kit: tuple[str, ...] = ()  # the spec kit's modules its spec-side files import (checks.speckit)
 
     @property
     def driver_file(self) -> str:

@@ -185,6 +185,7 @@ def parse_spec(path: str, text: str, schema: Mapping[str, Any]) -> Spec:
             dict(oracle.get("references", {})),
             tuple(oracle.get("reference_calls", [])),
             tuple(oracle.get("axes", [])),
+            tuple(oracle.get("kit", [])),
         ),
         may_match=compile_patterns(p["may_change"]),
         must_not_match=compile_patterns(p.get("must_not_change", [])),

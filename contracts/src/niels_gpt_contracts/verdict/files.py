@@ -3,19 +3,23 @@
 ``head`` holds the head's stage modules, ``base`` the base's (collection and
 skip re-runs), ``ref`` the reference tests with the base's root
 ``conftest.py`` and pytest settings, ``pr`` the PR's own tests with the same
-trusted configuration, ``drivers`` the base's runtime-rule drivers and the
-spec kit they may load. Only the modules the base's specs give the stages
+trusted configuration, ``drivers`` the base's runtime-rule drivers. ``ref`` and
+``drivers`` both get the base's spec kit files the closure's specs declare
+(``kit_files``). Only the modules the base's specs give the stages
 are written (see ``write_workspace``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from niels_gpt_contracts.checks import pr_context, speckit
 from niels_gpt_contracts.errors import ConfigError
+from niels_gpt_contracts.gitdiff import Tree
 from niels_gpt_contracts.sandbox import workspace
+from niels_gpt_contracts.spec import Spec
 from niels_gpt_contracts.verdict import plan
 
 
@@ -41,10 +45,11 @@ def write_workspace(ctx: pr_context.PrContext, p: plan.Plan, root: Path) -> Work
     owned = {f for s in ctx.specs.values() for f in s.module_files}
     workspace.write(ctx.head_tree, [f for f in head_files if f in owned], w.head)
     workspace.write(ctx.base_tree, [f for f in base_files if f in owned], w.base)
-    workspace.write(ctx.base_tree, p.reference_from_base, w.ref)
+    kit = kit_files(ctx.base_tree, p.closure)
+    workspace.write(ctx.base_tree, p.reference_from_base + kit, w.ref)
     workspace.write(ctx.head_tree, p.reference_from_head, w.ref)
     workspace.write(ctx.head_tree, p.pr_support, w.pr)
-    workspace.write(ctx.base_tree, driver_files(p, base_files), w.drivers)
+    workspace.write(ctx.base_tree, driver_files(ctx.base_tree, p.closure), w.drivers)
     for name in ("conftest.py", "pyproject.toml"):
         text = ctx.base_tree.read(name)
         for where in (w.ref, w.pr):
@@ -55,9 +60,15 @@ def write_workspace(ctx: pr_context.PrContext, p: plan.Plan, root: Path) -> Work
     return w
 
 
-def driver_files(p: plan.Plan, base_files: list[str]) -> list[str]:
-    """The base's files a driver may load: each closure stage's ``specs/<stage>/``
-    files but its tests, and the spec kit (``specs/_kit/``), which drivers load
-    by path from beside them as the acceptance tests do."""
-    own = [f for s in p.closure for f in base_files if f.startswith(f"specs/{s.id}/")]
-    return [f for f in own if "/tests/" not in f] + speckit.kit_files(base_files)
+def kit_files(tree: Tree, specs: Iterable[Spec]) -> list[str]:
+    """The spec kit files in ``tree`` that ``specs`` declare, or reach through the kit's
+    own imports (``checks.speckit``)."""
+    kit = speckit.kit_texts(tree.files(), tree.read_many)
+    return speckit.files_used({m for s in specs for m in speckit.declared(s)}, kit)
+
+
+def driver_files(tree: Tree, specs: Iterable[Spec]) -> list[str]:
+    """The files in ``tree`` a driver of ``specs`` may import: each stage's
+    ``specs/<stage>/`` files but its tests, and the kit files they declare."""
+    own = [f for f in tree.files() for s in specs if f.startswith(f"specs/{s.id}/")]
+    return sorted({f for f in own if "/tests/" not in f}) + kit_files(tree, specs)

@@ -34,7 +34,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from niels_gpt_contracts.checks import pr_context, speckit
+from niels_gpt_contracts import specpath
+from niels_gpt_contracts.checks import pr_context
 from niels_gpt_contracts.checks.modules import namespaces
 from niels_gpt_contracts.errors import ConfigError
 from niels_gpt_contracts.result import BROKEN, KEPT, NOT_RUN, Outcome, Violation
@@ -42,7 +43,7 @@ from niels_gpt_contracts.sandbox import oracle_run, workspace
 from niels_gpt_contracts.sandbox.environment import Sandbox
 from niels_gpt_contracts.sandbox.oracle_run import Job, Stream
 from niels_gpt_contracts.spec import Spec
-from niels_gpt_contracts.verdict import explain, oracle_aftermath, plan, repro
+from niels_gpt_contracts.verdict import explain, files, oracle_aftermath, plan, repro
 from niels_gpt_contracts.verdict.integrity import SANDBOX_TAMPERED
 from niels_gpt_contracts.verdict.oracle_compare import ORACLE_ERROR, Judge, differs_from
 
@@ -81,6 +82,11 @@ def _entry(spec: Spec, root: Path, *, watch: bool = False, **run: Sequence[str])
     return entry
 
 
+def _paths(root: Path, specs: Sequence[Spec]) -> list[str]:
+    """The spec kit's folder and the drivers' stage folders under ``root`` (``specpath``)."""
+    return specpath.driver_path(root, [s.id for s in specs])
+
+
 def _reference_job(
     spec: Spec, based: list[Spec], common: dict[str, Any], base_code: Path, root: Path
 ) -> Job:
@@ -94,9 +100,8 @@ def _reference_job(
     assert spec.oracle is not None
     modules = {m: str(root / f) for m, f in spec.oracle.references.items()}
     only = spec.oracle.reference_calls if spec in based else ("*",)
-    request = {**common, "preload": [], "references": modules, "drivers": [
-        _entry(spec, root, only=only)
-    ]}  # fmt: skip
+    request = {**common, "preload": [], "references": modules, "paths": _paths(root, [spec]),
+               "drivers": [_entry(spec, root, only=only)]}  # fmt: skip
     return Job(f"reference:{spec.id}", workspace.src_roots(base_code), request, threads=1)
 
 
@@ -114,11 +119,13 @@ def _jobs(
     head = {
         **common,
         "preload": _modules(everyone, set(ctx.head_tree.files())),
+        "paths": _paths(root, stages),
         "drivers": [_entry(s, root, watch=True) for s in stages],
     }
     base = {
         **common,
         "preload": _modules(everyone, set(ctx.base_tree.files())),
+        "paths": _paths(root, based),
         "drivers": [_entry(s, root) for s in based if s.oracle],
     }
     jobs = [
@@ -160,9 +167,7 @@ def judge(
         found = [Violation(ORACLE_ERROR.id, missing[0].path, None, why, stage, CHECK)]
         return Outcome(stage, CHECK, BROKEN, "nothing to compare a first PR with", found)
     root = code[0].parent / "oracle"
-    drivers = [f for f in base_files if any(f.startswith(f"specs/{s.id}/") for s in stages)]
-    drivers = [f for f in drivers if "/tests/" not in f] + speckit.kit_files(base_files)
-    workspace.write(ctx.base_tree, drivers, root)  # the kit where drivers load it, one folder up
+    workspace.write(ctx.base_tree, files.driver_files(ctx.base_tree, stages), root)
     say(f"oracle: {', '.join(s.id for s in stages)}, seed {seed:#x}")
     jobs = _jobs(ctx, stages, based, refs, code, root, seed)
     streams, changed = oracle_run.run(box, jobs, timeout, watched=[root, *code])
@@ -223,6 +228,7 @@ def _reproduce(
         "names": sorted(namespaces(ctx.specs)),
         "references": {},
         "preload": _modules(list(ctx.specs.values()), set(ctx.head_tree.files())),
+        "paths": _paths(root, [spec]),
         "drivers": [{**_entry(spec, root, only=[_literal(n) for n in only]), "capture": True}],
     }
     job = Job("capture", workspace.src_roots(code[0]), request)

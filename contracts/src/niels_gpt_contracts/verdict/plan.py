@@ -20,7 +20,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from niels_gpt_contracts.checks import speckit
 from niels_gpt_contracts.gitdiff import Change
 from niels_gpt_contracts.spec import Rule, Spec, compile_patterns
 
@@ -124,8 +123,6 @@ def make_plan(
                 and any(m.match_file(path) for m in scoped)
             )
             (plan.reference_from_head if line_edited else plan.reference_from_base).append(path)
-    # The acceptance tests load the spec kit by path: the base's, beside them.
-    plan.reference_from_base += speckit.kit_files(base_files)
     own = f"{stage.package}/tests/"
     plan.own_tests_touched = any(p.startswith(own) for c in changes for p in c.paths())
     plan.pr_support = sorted(p for p in head_files if p.startswith(own) and p.endswith(".py"))

@@ -31,13 +31,14 @@ from niels_gpt_contracts.checks import (
     paths,
     pr_context,
     source,
+    speckit,
     static,
 )
 from niels_gpt_contracts.checks.loading import load_specs, pick
 from niels_gpt_contracts.errors import ConfigError
 from niels_gpt_contracts.gitdiff import GitRepo, Tree, WorkingTree
 from niels_gpt_contracts.result import BROKEN, KEPT, NOT_RUN, Outcome, Result, SpecRule, Violation
-from niels_gpt_contracts.spec import Spec
+from niels_gpt_contracts.spec import SPECS_DIR, Spec
 
 
 @dataclass
@@ -149,6 +150,11 @@ def run_tree(request: Request) -> Result:
         if spec.oracle is not None and spec.oracle.axes:  # the driver sweeps what the spec declares
             swept = coverage.check_coverage(spec, tree)
             result.outcomes.append(_outcome(spec.id, "coverage", swept, coverage.summary(spec)))
+        own = [f for f in files if f.startswith(f"{SPECS_DIR}/{spec.id}/")]
+        hidden = speckit.undeclared(spec, tree.read_many(own))  # the kit imports it declares
+        if hidden or speckit.declared(spec):  # a row where there is a kit to speak of
+            kit_used = f"spec kit imports declared: {', '.join(speckit.declared(spec))}"
+            result.outcomes.append(_outcome(spec.id, "speckit", hidden, kit_used))
         if spec.id in pending:
             # The maintainers' spec and acceptance tests land before the stage's first PR.
             why = f"pending: {spec.package} does not exist yet; its first PR adds it"
