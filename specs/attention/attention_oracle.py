@@ -27,11 +27,11 @@ and judged): every one but seven in eight of the float64 sweep.
 
 from __future__ import annotations
 
-import importlib.util
 from functools import partial
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import attention_oracle_domain
+import attention_oracle_v2
 import torch
 
 from niels_gpt.config import ModelConfig
@@ -291,16 +291,6 @@ def _bad_inputs(o: Oracle) -> None:
         )
 
 
-def _beside(name: str) -> Any:
-    """``<name>.py`` beside this file, loaded by path (the worker puts no folder on sys.path)."""
-    path = Path(__file__).with_name(f"{name}.py")
-    spec = importlib.util.spec_from_file_location(f"_{name}", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def calls(o: Oracle) -> None:
     """Every call of the attention stage's oracle, its domain sweeps last."""
     _sweep(o)
@@ -308,5 +298,5 @@ def calls(o: Oracle) -> None:
         _one_config(o, i)
     _mixed(o)
     _bad_inputs(o)
-    _beside("attention_oracle_v2").calls(o)
-    _beside("attention_oracle_domain").calls(o)
+    attention_oracle_v2.calls(o)
+    attention_oracle_domain.calls(o)

@@ -21,31 +21,23 @@ answers, in float64 unless the axis is the dtype:
   field the module reads (``H``, ``C``, ``T``, ``dropout``, ``rope_theta``)
   away from the default; bad inputs (device, dtype, rank) raising as the base.
 
-The sweeps themselves are the maintainers' kit's (``specs/_kit/speckit_module_sweeps.py``,
+The sweeps themselves are the maintainers' kit's (``speckit.module_sweeps``,
 ``module_sweeps``), which block's driver runs too; what is attention's own is
 said here: the module, its config, and the bound of its scores.
 """
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
+from speckit import module_sweeps as sweeps
 
 from niels_gpt.config import ModelConfig
 from niels_gpt.model.attention import CausalSelfAttention
 
 if TYPE_CHECKING:
     from niels_gpt_contracts.driverkit import Oracle
-
-_SWEEPS = importlib.util.spec_from_file_location(  # the maintainers' module sweep, by path
-    "niels_speckit_module_sweeps", Path(__file__).parents[1] / "_kit" / "speckit_module_sweeps.py"
-)
-assert _SWEEPS is not None and _SWEEPS.loader is not None
-sweeps = importlib.util.module_from_spec(_SWEEPS)
-_SWEEPS.loader.exec_module(sweeps)
 
 
 def _score_bound(attn: CausalSelfAttention, x: torch.Tensor) -> int:

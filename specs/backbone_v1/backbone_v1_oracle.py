@@ -14,11 +14,10 @@ GPT calls fall under ``no-sdpa-runtime``.
 
 from __future__ import annotations
 
-import importlib.util
 from functools import partial
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import backbone_v1_oracle_domain
 import torch
 import torch.nn.functional as F
 
@@ -220,19 +219,9 @@ def _parts(o: Oracle) -> None:
     )
 
 
-def _beside(name: str) -> Any:
-    """``<name>.py`` beside this file, loaded by path (the worker puts no folder on sys.path)."""
-    path = Path(__file__).with_name(f"{name}.py")
-    spec = importlib.util.spec_from_file_location(f"_{name}", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def calls(o: Oracle) -> None:
     """Every call of the backbone_v1 stage's oracle, its domain sweeps last."""
     for i in range(4):
         _one(o, i)
     _parts(o)
-    _beside("backbone_v1_oracle_domain").calls(o)
+    backbone_v1_oracle_domain.calls(o)

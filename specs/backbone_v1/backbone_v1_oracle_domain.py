@@ -3,7 +3,7 @@
 Each call names the spec's ``[oracle].axes`` it sweeps (``contracts check``
 refuses the spec when one is never named). All compared with the base's
 answers, in float64 unless the axis is the dtype. The model sweep's table
-(``specs/_kit/speckit_model_sweeps.py``) calls ``GPT`` plainly: weights
+(``speckit.model_sweeps``) calls ``GPT`` plainly: weights
 scaled up to x1000, float32 and float16 models, every ``ModelConfig`` field
 away from the default, bad inputs raising as the base. What is the
 backbone's own:
@@ -27,12 +27,11 @@ backbone's own:
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 from functools import partial
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+from speckit import model_sweeps as sweeps
 
 from niels_gpt.config import ModelConfig
 from niels_gpt.model.blocks import MLP, Block, RMSNorm
@@ -41,13 +40,7 @@ from niels_gpt.model.gpt import GPT
 if TYPE_CHECKING:
     from niels_gpt_contracts.driverkit import Oracle
 
-_SWEEPS = importlib.util.spec_from_file_location(  # the maintainers' model sweep, by path
-    "niels_speckit_model_sweeps", Path(__file__).parents[1] / "_kit" / "speckit_model_sweeps.py"
-)
-assert _SWEEPS is not None and _SWEEPS.loader is not None
-sweeps = importlib.util.module_from_spec(_SWEEPS)
-_SWEEPS.loader.exec_module(sweeps)
-TRAINING_CALLS = sweeps.kit.TRAINING_CALLS
+TRAINING_CALLS = sweeps.kit.TRAINING_CALLS  # type: ignore[attr-defined]  # kit: model_sweeps's alias of speckit.sweeps
 SMALL = ModelConfig(V=11, T=24, C=16, L=2, H=2, d_ff=24, dropout=0.0)
 STAGES = sweeps.depth(SMALL)
 

@@ -13,11 +13,10 @@ base's exception type. Block calls fall under ``no-sdpa-runtime``.
 
 from __future__ import annotations
 
-import importlib.util
 from functools import partial
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import block_oracle_domain
 import torch
 
 from niels_gpt.config import ModelConfig
@@ -158,19 +157,9 @@ def _mixed_and_mlp(o: Oracle) -> None:
         o.call(f"bad/mlp-{what}", partial(mlp, z), desc=f"bad input {what}", stages=1, reduction=1)
 
 
-def _beside(name: str) -> Any:
-    """``<name>.py`` beside this file, loaded by path (the worker puts no folder on sys.path)."""
-    path = Path(__file__).with_name(f"{name}.py")
-    spec = importlib.util.spec_from_file_location(f"_{name}", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def calls(o: Oracle) -> None:
     """Every call of the block stage's oracle, its domain sweeps last."""
     for i in range(4):
         _one(o, i)
     _mixed_and_mlp(o)
-    _beside("block_oracle_domain").calls(o)
+    block_oracle_domain.calls(o)

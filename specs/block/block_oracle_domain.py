@@ -20,19 +20,18 @@ answers, in float64 unless the axis is the dtype:
   field the block reads (``H``, ``C``, ``d_ff``, ``T``, ``dropout``,
   ``rope_theta``) away from the default; bad inputs raising as the base.
 
-The sweeps are the maintainers' kit's (``specs/_kit/speckit_module_sweeps.py``,
+The sweeps are the maintainers' kit's (``speckit.module_sweeps``,
 ``module_sweeps``), which attention's driver runs too; block's own are the
 module, its config, the bound of its scores and the MLP's second derivative.
 """
 
 from __future__ import annotations
 
-import importlib.util
 from functools import partial
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
+from speckit import module_sweeps as sweeps
 
 from niels_gpt.config import ModelConfig
 from niels_gpt.model.block_v0 import MLP, Block
@@ -40,12 +39,6 @@ from niels_gpt.model.block_v0 import MLP, Block
 if TYPE_CHECKING:
     from niels_gpt_contracts.driverkit import Oracle
 
-_SWEEPS = importlib.util.spec_from_file_location(  # the maintainers' module sweep, by path
-    "niels_speckit_module_sweeps", Path(__file__).parents[1] / "_kit" / "speckit_module_sweeps.py"
-)
-assert _SWEEPS is not None and _SWEEPS.loader is not None
-sweeps = importlib.util.module_from_spec(_SWEEPS)
-_SWEEPS.loader.exec_module(sweeps)
 
 SMALL = ModelConfig(V=2, T=32, C=16, H=2, d_ff=40, dropout=0.0)
 

@@ -20,11 +20,10 @@ answers, each cached run must equal the same columns of one uncached call
 
 from __future__ import annotations
 
-import importlib.util
 from functools import partial
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import fastpath_oracle_domain
 import torch
 
 from niels_gpt.config import ModelConfig
@@ -237,19 +236,9 @@ def _cached(o: Oracle) -> None:
         use_explicit_attention(attn)
 
 
-def _beside(name: str) -> Any:
-    """``<name>.py`` beside this file, loaded by path (the worker puts no folder on sys.path)."""
-    path = Path(__file__).with_name(f"{name}.py")
-    spec = importlib.util.spec_from_file_location(f"_{name}", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def calls(o: Oracle) -> None:
     """Every call of the fastpath stage's oracle, its domain sweeps last."""
     _attention(o)
     _switch(o)
     _cached(o)
-    _beside("fastpath_oracle_domain").calls(o)
+    fastpath_oracle_domain.calls(o)

@@ -7,7 +7,7 @@ part of ``errors`` (``bad/...``), tagged there. Every fast answer is compared
 with the base's and, as an invariant, with the explicit path's answer
 (``name/explicit``) on the same weights and inputs (a fast module with
 ``use_explicit_attention``), in float64 unless the axis is the dtype. The
-model sweep's table (``specs/_kit/speckit_model_sweeps.py``) calls a fast
+model sweep's table (``speckit.model_sweeps``) calls a fast
 ``GPT`` so: weights scaled up to x1000, every ``ModelConfig`` field away from
 its default, bad models for the switches and bad inputs to a fast module
 raising as the base. What is the fast attention module's own:
@@ -34,12 +34,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib.util
 from functools import partial
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
+from speckit import model_sweeps as sweeps
 from torch.nn.attention import SDPBackend
 from torch.nn.attention import sdpa_kernel as backends
 
@@ -56,12 +55,6 @@ from niels_gpt.model.gpt import GPT
 if TYPE_CHECKING:
     from niels_gpt_contracts.driverkit import Oracle
 
-_SWEEPS = importlib.util.spec_from_file_location(  # the maintainers' model sweep, by path
-    "niels_speckit_model_sweeps", Path(__file__).parents[1] / "_kit" / "speckit_model_sweeps.py"
-)
-assert _SWEEPS is not None and _SWEEPS.loader is not None
-sweeps = importlib.util.module_from_spec(_SWEEPS)
-_SWEEPS.loader.exec_module(sweeps)
 
 TRAINING_CALLS = 3000
 ATTN = ModelConfig(V=2, T=40, C=16, H=2, dropout=0.0)

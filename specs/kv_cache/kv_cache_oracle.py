@@ -31,11 +31,10 @@ calls under ``no-cat-in-generate`` (their ops are recorded).
 
 from __future__ import annotations
 
-import importlib.util
 from functools import partial
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import kv_cache_oracle_domain
 import torch
 
 from niels_gpt.config import ModelConfig
@@ -338,16 +337,6 @@ def _combos(o: Oracle) -> None:
                     )
 
 
-def _beside(name: str) -> Any:
-    """``<name>.py`` beside this file, loaded by path (the worker puts no folder on sys.path)."""
-    path = Path(__file__).with_name(f"{name}.py")
-    spec = importlib.util.spec_from_file_location(f"_{name}", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def calls(o: Oracle) -> None:
     """Every call of the kv_cache stage's oracle, its domain sweeps last."""
     for run in range(6):
@@ -356,4 +345,4 @@ def calls(o: Oracle) -> None:
     _generate(o)
     _filters_and_bad(o)
     _combos(o)
-    _beside("kv_cache_oracle_domain").calls(o)
+    kv_cache_oracle_domain.calls(o)

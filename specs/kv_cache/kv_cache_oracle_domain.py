@@ -5,7 +5,7 @@ refuses the spec when one is never named). The earlier calls already sweep
 ``combos`` (fast path x cache, ``combos/...``, and the fast-path runs of
 ``chunks4``/``chunks5``) and part of ``errors`` (``bad/...``), tagged there.
 All compared with the base's answers, in float64 unless the axis is the dtype.
-The model sweep's table (``specs/_kit/speckit_model_sweeps.py``) feeds the
+The model sweep's table (``speckit.model_sweeps``) feeds the
 ids through the cache in chunks, each run paired with the uncached forward
 of the same ids (equal, an invariant), and follows it with a generate call:
 weights scaled up to x1000 (greedy), a float32 model and one under bfloat16
@@ -32,12 +32,11 @@ raising as the base. What is the stage's own:
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 from functools import partial
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
+from speckit import model_sweeps as sweeps
 
 from niels_gpt.config import ModelConfig
 from niels_gpt.model.gpt import GPT
@@ -53,12 +52,6 @@ from niels_gpt.model.kv_cache import (
 if TYPE_CHECKING:
     from niels_gpt_contracts.driverkit import Oracle
 
-_SWEEPS = importlib.util.spec_from_file_location(  # the maintainers' model sweep, by path
-    "niels_speckit_model_sweeps", Path(__file__).parents[1] / "_kit" / "speckit_model_sweeps.py"
-)
-assert _SWEEPS is not None and _SWEEPS.loader is not None
-sweeps = importlib.util.module_from_spec(_SWEEPS)
-_SWEEPS.loader.exec_module(sweeps)
 
 LOGIT_SCALES = (1.0, 1e3, 1e30, 1e300)
 GENERATE_CALLS = 600
@@ -193,7 +186,7 @@ def _modes(o: Oracle) -> None:
     own = ("train", "train-generate", "enable_grad", "enable_grad-generate")
     if not any(o.wants(f"domain/modes/{mode}") for mode in own):
         return
-    gpt = sweeps.model(o, TABLE, TABLE.modes_config, "modes-w").train()
+    gpt = sweeps.model(o, TABLE, TABLE.modes_config, "modes-w").train()  # type: ignore[arg-type]
     ids = o.randint(SMALL.V, 2, 20, tag="modes-ids")  # (2, 20)
     with torch.no_grad():
         o.call(

@@ -11,7 +11,7 @@ wherever it cannot take its complex path (MPS, half precision, odd strides),
 which runs ``aten::cat`` inside ``aten::stack``. That is the rope stage's
 code, judged by its own rules; what these rules judge is the kv_cache code
 around it. So the drivers record through the spec kit's
-``recording_around_rope`` (``specs/_kit/speckit.py``, loaded by path), which
+``recording_around_rope`` (``speckit.acceptance``), which
 wraps ``niels_gpt.model.rope.apply_rope`` while a block is open: the block is
 closed for the length of the real call and a new one opened after it. The
 stage must reach RoPE through that module attribute anyway (its
@@ -20,23 +20,16 @@ stage must reach RoPE through that module attribute anyway (its
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from pathlib import Path
 
 import torch
+from speckit import acceptance as speckit
 
 from niels_gpt.config import ModelConfig
 from niels_gpt.model.fastpath import use_fast_attention
 from niels_gpt.model.gpt import GPT
 from niels_gpt.model.kv_cache import drop_kv_cache, generate, use_kv_cache
-
-_SPEC = importlib.util.spec_from_file_location(  # the maintainers' spec kit, by path
-    "niels_speckit", Path(__file__).parents[1] / "_kit" / "speckit.py"
-)
-speckit = importlib.util.module_from_spec(_SPEC)  # type: ignore[arg-type]
-_SPEC.loader.exec_module(speckit)  # type: ignore[union-attr]
 
 Record = Callable[[], AbstractContextManager[None]]
 

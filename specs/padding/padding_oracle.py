@@ -27,11 +27,10 @@ fast-path model runs its own forward on a batch without one).
 
 from __future__ import annotations
 
-import importlib.util
 from functools import partial
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import padding_oracle_domain
 import torch
 
 import niels_gpt.model.rope as rope
@@ -293,16 +292,6 @@ def _combos(o: Oracle) -> None:
                         )
 
 
-def _beside(name: str) -> Any:
-    """``<name>.py`` beside this file, loaded by path (the worker puts no folder on sys.path)."""
-    path = Path(__file__).with_name(f"{name}.py")
-    spec = importlib.util.spec_from_file_location(f"_{name}", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def calls(o: Oracle) -> None:
     """Every call of the padding stage's oracle, its domain sweeps last."""
     for i in range(6):
@@ -311,4 +300,4 @@ def calls(o: Oracle) -> None:
     _generate(o)
     _rows_and_bad(o)
     _combos(o)
-    _beside("padding_oracle_domain").calls(o)
+    padding_oracle_domain.calls(o)

@@ -7,7 +7,7 @@ padded ``generate``, ``combos/...``) and part of ``errors`` (``bad/...``),
 tagged there. All compared with the base's answers, in float64 unless the
 axis is the dtype; padded forwards also keep the stage's invariants (each
 row's real logits those of the row alone, padded positions exactly 0). The
-model sweep's table (``specs/_kit/speckit_model_sweeps.py``) calls
+model sweep's table (``speckit.model_sweeps``) calls
 ``padded_forward`` so, and follows it with a padded generate call: weights
 scaled up to x1000 (greedy), a float32 and a float16 model and a float32 one
 under bfloat16 autocast, every ``ModelConfig`` field away from its default
@@ -32,12 +32,11 @@ stage's own:
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 from functools import partial
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
+from speckit import model_sweeps as sweeps
 
 import niels_gpt.model.rope as rope
 from niels_gpt.config import ModelConfig
@@ -52,12 +51,6 @@ from niels_gpt.model.padding import (
 if TYPE_CHECKING:
     from niels_gpt_contracts.driverkit import Oracle
 
-_SWEEPS = importlib.util.spec_from_file_location(  # the maintainers' model sweep, by path
-    "niels_speckit_model_sweeps", Path(__file__).parents[1] / "_kit" / "speckit_model_sweeps.py"
-)
-assert _SWEEPS is not None and _SWEEPS.loader is not None
-sweeps = importlib.util.module_from_spec(_SWEEPS)
-_SWEEPS.loader.exec_module(sweeps)
 
 LOGIT_SCALES = {torch.float32: (1.0, 10.0, 30.0, 1e3, 1e30), torch.float64: (1.0, 30.0, 1e300)}
 TRAINING_CALLS = 250

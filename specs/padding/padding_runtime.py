@@ -14,7 +14,7 @@ RoPE's own internals are left out of the blocks, as in the kv_cache drivers:
 the profiler reports nested ops, and ``rope.apply_rope`` builds its tables with
 ``torch.stack`` (``aten::cat`` inside) wherever it cannot take its complex
 path. That is the rope stage's code. The drivers record through the spec
-kit's ``recording_around_rope`` (``specs/_kit/speckit.py``, loaded by path),
+kit's ``recording_around_rope`` (``speckit.acceptance``),
 which wraps ``niels_gpt.model.rope.apply_rope`` so that the open block is
 closed for the length of the real call and a new one opened after it; the
 stage reaches RoPE through that module attribute (its ``rope-as-module``
@@ -23,23 +23,16 @@ rule).
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from pathlib import Path
 
 import torch
+from speckit import acceptance as speckit
 
 from niels_gpt.config import ModelConfig
 from niels_gpt.model.fastpath import use_fast_attention
 from niels_gpt.model.gpt import GPT
 from niels_gpt.model.padding import generate, padded_forward
-
-_SPEC = importlib.util.spec_from_file_location(  # the maintainers' spec kit, by path
-    "niels_speckit", Path(__file__).parents[1] / "_kit" / "speckit.py"
-)
-speckit = importlib.util.module_from_spec(_SPEC)  # type: ignore[arg-type]
-_SPEC.loader.exec_module(speckit)  # type: ignore[union-attr]
 
 Record = Callable[[], AbstractContextManager[None]]
 

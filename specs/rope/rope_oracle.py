@@ -11,11 +11,10 @@ base's.
 
 from __future__ import annotations
 
-import importlib.util
 from functools import partial
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+import rope_oracle_domain
 import torch
 
 import niels_gpt.model.rope as rope
@@ -82,19 +81,9 @@ def _bad(o: Oracle) -> None:
         o.call(f"bad/{what}", fn, desc=f"bad input: {what}", stages=1, reduction=1)
 
 
-def _beside(name: str) -> Any:
-    """``<name>.py`` beside this file, loaded by path (the worker puts no folder on sys.path)."""
-    path = Path(__file__).with_name(f"{name}.py")
-    spec = importlib.util.spec_from_file_location(f"_{name}", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def calls(o: Oracle) -> None:
     """Every call of the rope stage's oracle, its domain sweeps last."""
     _tables(o)
     _rotations(o)
     _bad(o)
-    _beside("rope_oracle_domain").calls(o)
+    rope_oracle_domain.calls(o)

@@ -21,24 +21,17 @@ answers, in float64 unless the axis is the dtype:
 
 from __future__ import annotations
 
-import importlib.util
 from functools import partial
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+from speckit import sweeps
 
 import niels_gpt.model.rope as rope
 
 if TYPE_CHECKING:
     from niels_gpt_contracts.driverkit import Oracle
 
-_SWEEPS = importlib.util.spec_from_file_location(  # the maintainers' oracle sweeps, by path
-    "niels_speckit_sweeps", Path(__file__).parents[1] / "_kit" / "speckit_sweeps.py"
-)
-assert _SWEEPS is not None and _SWEEPS.loader is not None
-sweeps = importlib.util.module_from_spec(_SWEEPS)
-_SWEEPS.loader.exec_module(sweeps)
 
 SCALES = (1.0, 10.0, 30.0, 100.0, 1000.0, 1e6)
 CALLS = 2100

@@ -9,14 +9,13 @@ same model's no-cache forward on the whole sequence, taken before the switch
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import partial
-from pathlib import Path
 from typing import Any
 
+import kv_cache_kit as kit
 import pytest
 import torch
 from hypothesis import given, settings
@@ -28,11 +27,6 @@ from niels_gpt.checks import InputError
 from niels_gpt.config import ModelConfig
 from niels_gpt.model.gpt import GPT
 from niels_gpt.model.kv_cache import use_kv_cache
-
-_SPEC = importlib.util.spec_from_file_location("kv_cache_kit", Path(__file__).with_name("_kit.py"))
-assert _SPEC is not None and _SPEC.loader is not None
-kit = importlib.util.module_from_spec(_SPEC)  # the stage's shared builders (_kit.py)
-_SPEC.loader.exec_module(kit)
 
 
 def _split(total: int, cuts: list[int]) -> list[int]:

@@ -1,6 +1,6 @@
 """Acceptance tests of ``filter_logits`` on fixed logits (stage kv_cache).
 
-The reference (``_kit.py``) is written from the spec's definitions, one row at a time
+The reference (``kv_cache_kit``) is written from the spec's definitions, one row at a time
 in float64 with Python loops: scale by 1/temperature, keep the entries at or
 above the k-th largest, then keep each entry whose preceding probability mass
 (descending order, ties by index) is below top_p. Hand-made rows pin the
@@ -10,10 +10,9 @@ top-k, temperature before top-p); property tests compare random rows.
 
 from __future__ import annotations
 
-import importlib.util
 import math
-from pathlib import Path
 
+import kv_cache_kit as kit
 import pytest
 import torch
 from hypothesis import assume, given
@@ -21,11 +20,6 @@ from hypothesis import strategies as st
 
 from niels_gpt.checks import InputError
 from niels_gpt.model.kv_cache import filter_logits
-
-_SPEC = importlib.util.spec_from_file_location("kv_cache_kit", Path(__file__).with_name("_kit.py"))
-assert _SPEC is not None and _SPEC.loader is not None
-kit = importlib.util.module_from_spec(_SPEC)  # the stage's shared builders (_kit.py)
-_SPEC.loader.exec_module(kit)
 
 NEG = float("-inf")
 

@@ -1,8 +1,8 @@
 """Acceptance tests of ``generate`` (stage kv_cache).
 
-References (in ``_kit.py``) are no-cache loops over the model's own ``forward``: an argmax loop
+References (in ``kv_cache_kit``) are no-cache loops over the model's own ``forward``: an argmax loop
 for greedy decoding, and for sampling a loop that filters the last logits with
-the float64 filter of ``_kit.py`` (written from the spec's definitions) and draws with
+the float64 filter of ``kv_cache_kit`` (written from the spec's definitions) and draws with
 ``torch.multinomial`` from a generator seeded like the one ``generate`` gets.
 Token-for-token comparisons run in float64, where the cached and the no-cache
 logits agree to about 1e-14, so no near-tie can flip a choice.
@@ -10,10 +10,9 @@ logits agree to about 1e-14, so no near-tie can flip a choice.
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 from typing import Any
 
+import kv_cache_kit as kit
 import pytest
 import torch
 from hypothesis import given, settings
@@ -25,12 +24,6 @@ from niels_gpt.model.kv_cache import (
     generate,
     use_kv_cache,
 )
-
-_SPEC = importlib.util.spec_from_file_location("kv_cache_kit", Path(__file__).with_name("_kit.py"))
-assert _SPEC is not None and _SPEC.loader is not None
-kit = importlib.util.module_from_spec(_SPEC)  # the stage's shared builders (_kit.py)
-_SPEC.loader.exec_module(kit)
-
 
 configs = kit.configs  # T in [2, 16]
 

@@ -15,11 +15,10 @@ the knobs are exercised in one generation each, not drawn.
 
 from __future__ import annotations
 
-import importlib.util
 import re
-from pathlib import Path
 from typing import Any
 
+import kv_cache_kit as kit
 import pytest
 import torch
 from torch._dynamo.utils import counters
@@ -28,11 +27,6 @@ from torch.profiler import ProfilerActivity, profile
 from niels_gpt.checks import InputError
 from niels_gpt.config import ModelConfig
 from niels_gpt.model.kv_cache import generate
-
-_SPEC = importlib.util.spec_from_file_location("kv_cache_kit", Path(__file__).with_name("_kit.py"))
-assert _SPEC is not None and _SPEC.loader is not None
-kit = importlib.util.module_from_spec(_SPEC)  # the stage's shared builders (_kit.py)
-_SPEC.loader.exec_module(kit)
 
 CFG = ModelConfig(V=53, T=24, C=32, L=2, H=4, d_ff=40, dropout=0.2, rope_theta=37.0)
 T0, NEW = 4, 12  # prompt length and new tokens

@@ -3,16 +3,15 @@ caches it hands back, the input it refuses, and 4.0's per-row generators and
 inference mode.
 
 ``test_generate.py`` holds the greedy, sampling, eos and trace tests; both load
-the stage's builders from ``_kit.py``.
+the stage's builders from ``kv_cache_kit``.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import math
-from pathlib import Path
 from typing import Any
 
+import kv_cache_kit as kit
 import pytest
 import torch
 
@@ -28,11 +27,6 @@ from niels_gpt.model.kv_cache import (
     generate,
     use_kv_cache,
 )
-
-_SPEC = importlib.util.spec_from_file_location("kv_cache_kit", Path(__file__).with_name("_kit.py"))
-assert _SPEC is not None and _SPEC.loader is not None
-kit = importlib.util.module_from_spec(_SPEC)  # the stage's shared builders (_kit.py)
-_SPEC.loader.exec_module(kit)
 
 # --- the output and the model afterwards -----------------------------------------
 

@@ -1,6 +1,6 @@
 """Acceptance tests of padded ``generate`` (stage padding).
 
-Every reference (in ``_kit.py``) works on each row's real prompt ALONE, without padding: an
+Every reference (in ``padding_kit``) works on each row's real prompt ALONE, without padding: an
 argmax loop over the model's own no-cache ``forward`` for greedy decoding,
 ``forward_with_attn_trace`` for the traces, and for sampling a loop that
 filters the rows' last logits with a filter written from the kv_cache
@@ -14,10 +14,9 @@ choice.
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 from typing import Any
 
+import padding_kit as kit
 import pytest
 import torch
 from hypothesis import given, settings
@@ -29,12 +28,6 @@ from niels_gpt.model import kv_cache
 from niels_gpt.model.attention import KVCache
 from niels_gpt.model.gpt import GPT
 from niels_gpt.model.padding import generate
-
-_SPEC = importlib.util.spec_from_file_location("padding_kit", Path(__file__).with_name("_kit.py"))
-assert _SPEC is not None and _SPEC.loader is not None
-kit = importlib.util.module_from_spec(_SPEC)  # the stage's shared builders (_kit.py)
-_SPEC.loader.exec_module(kit)
-
 
 Gen = torch.Generator | list[torch.Generator] | None
 

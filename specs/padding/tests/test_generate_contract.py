@@ -2,15 +2,14 @@
 unpadded path, the model it hands back and the input it refuses.
 
 ``test_generate.py`` holds the row-for-row, sampling and eos tests; both load
-the stage's builders from ``_kit.py``.
+the stage's builders from ``padding_kit``.
 """
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 from typing import Any
 
+import padding_kit as kit
 import pytest
 import torch
 
@@ -21,11 +20,6 @@ from niels_gpt.model.attention import CausalSelfAttention
 from niels_gpt.model.fastpath import sdpa_kernel
 from niels_gpt.model.kv_cache import use_kv_cache
 from niels_gpt.model.padding import generate
-
-_SPEC = importlib.util.spec_from_file_location("padding_kit", Path(__file__).with_name("_kit.py"))
-assert _SPEC is not None and _SPEC.loader is not None
-kit = importlib.util.module_from_spec(_SPEC)  # the stage's shared builders (_kit.py)
-_SPEC.loader.exec_module(kit)
 
 # --- output and the unpadded path -------------------------------------------------------------
 

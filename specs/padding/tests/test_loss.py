@@ -11,10 +11,9 @@ and in gradient.
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 from typing import Any
 
+import padding_kit as kit
 import pytest
 import torch
 import torch.nn.functional as F
@@ -26,11 +25,6 @@ from niels_gpt.config import ModelConfig
 from niels_gpt.model.fastpath import use_fast_attention
 from niels_gpt.model.gpt import GPT
 from niels_gpt.model.padding import padded_cross_entropy, padded_forward
-
-_SPEC = importlib.util.spec_from_file_location("padding_kit", Path(__file__).with_name("_kit.py"))
-assert _SPEC is not None and _SPEC.loader is not None
-kit = importlib.util.module_from_spec(_SPEC)  # the stage's shared builders (_kit.py)
-_SPEC.loader.exec_module(kit)
 
 
 def _garbage_at_pads(targets: torch.Tensor, mask: torch.Tensor, V: int) -> torch.Tensor:

@@ -11,10 +11,9 @@ has ``pads[b]`` leading pads, then its real tokens; a row may be all padding.
 
 from __future__ import annotations
 
-import importlib.util
 import math
-from pathlib import Path
 
+import padding_kit as kit
 import pytest
 import torch
 from hypothesis import given, settings
@@ -23,12 +22,6 @@ from hypothesis import strategies as st
 from niels_gpt.config import ModelConfig
 from niels_gpt.model.gpt import GPT
 from niels_gpt.model.padding import padded_forward
-
-_SPEC = importlib.util.spec_from_file_location("padding_kit", Path(__file__).with_name("_kit.py"))
-assert _SPEC is not None and _SPEC.loader is not None
-kit = importlib.util.module_from_spec(_SPEC)  # the stage's shared builders (_kit.py)
-_SPEC.loader.exec_module(kit)
-
 
 # --- a reference from the formulas ------------------------------------------------------
 

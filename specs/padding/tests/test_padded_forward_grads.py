@@ -7,11 +7,10 @@ The references and the forward-value tests are in ``test_padded_forward.py``.
 from __future__ import annotations
 
 import copy
-import importlib.util
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
+import padding_kit as kit
 import pytest
 import torch
 from hypothesis import given, settings
@@ -20,11 +19,6 @@ from hypothesis import strategies as st
 from niels_gpt.config import ModelConfig
 from niels_gpt.model.gpt import GPT
 from niels_gpt.model.padding import padded_forward
-
-_SPEC = importlib.util.spec_from_file_location("padding_kit", Path(__file__).with_name("_kit.py"))
-assert _SPEC is not None and _SPEC.loader is not None
-kit = importlib.util.module_from_spec(_SPEC)  # the stage's shared builders (_kit.py)
-_SPEC.loader.exec_module(kit)
 
 # --- gradients --------------------------------------------------------------------------
 

@@ -15,12 +15,11 @@ table rows handed to rope can.
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
+import padding_kit as kit
 import pytest
 import torch
 from hypothesis import given, settings
@@ -30,11 +29,6 @@ import niels_gpt.model.rope as rope
 from niels_gpt.checks import InputError
 from niels_gpt.config import ModelConfig
 from niels_gpt.model.padding import apply_rope_rows, generate, padded_forward
-
-_SPEC = importlib.util.spec_from_file_location("padding_kit", Path(__file__).with_name("_kit.py"))
-assert _SPEC is not None and _SPEC.loader is not None
-kit = importlib.util.module_from_spec(_SPEC)  # the stage's shared builders (_kit.py)
-_SPEC.loader.exec_module(kit)
 
 Call = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 

@@ -1,29 +1,20 @@
 """The kv_cache stage's kit: the reference loops its acceptance tests share.
 
 The config strategy, the model and token builders, the float64 filter and
-the attention-call recorder come from the maintainers' spec kit
-(``specs/_kit/speckit.py``), which padding's tests load too, and are bound
-here under the names the tests use. The tests load this file by path (``Path(__file__).with_name``):
-no test folder is on ``sys.path``. It lives in this stage's folder because
-that is what the amendment check judges as kv_cache's evidence, with the
-spec kit it names: an edit of either is an amendment of this stage.
+the attention-call recorder come from the spec kit (``speckit.acceptance``),
+which padding's tests use too, and are bound here under the names the tests
+use. The tests import this module by name (``import kv_cache_kit as kit``).
 """
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 from typing import Any
 
 import torch
+from speckit import acceptance as speckit
 
 from niels_gpt.model.gpt import GPT
 
-_SPEC = importlib.util.spec_from_file_location(  # the maintainers' spec kit, by path
-    "niels_speckit", Path(__file__).parents[2] / "_kit" / "speckit.py"
-)
-speckit = importlib.util.module_from_spec(_SPEC)  # type: ignore[arg-type]
-_SPEC.loader.exec_module(speckit)  # type: ignore[union-attr]
 # bound under the names the tests have always used
 Tol, Randomise, NEG = speckit.Tol, speckit.Randomise, speckit.NEG
 configs, model, tokens = speckit.configs, speckit.model, speckit.tokens

@@ -1,21 +1,9 @@
-"""The maintainers' spec kit: helpers several stages' acceptance tests share.
+"""The acceptance tests' and runtime drivers' shared helpers (``speckit.acceptance``).
 
-Loaded by path (no test folder is on ``sys.path``), for instance from a
-stage's own ``tests/_kit.py``::
-
-    where = Path(__file__).parents[2] / "_kit" / "speckit.py"
-
-The checker's ``checks.speckit`` explains what that makes of it: every stage
-whose files under ``specs/<stage>/`` name this module is one of its users;
-an amendment that edits it must name each user and is classified for each
-like an edit of its own tests, and a verdict writes the base's copy beside
-the acceptance tests it runs. What is here is what more than one stage
-needs, written once: the config strategy, the model and token builders, the
-float64 sampling filter from its definitions, the recorder of attention
-calls, and the runtime drivers' recording that leaves RoPE's inside out.
-Runtime-rule drivers load it by path too, from one folder up
-(``Path(__file__).parents[1] / "_kit" / "speckit.py"``); a verdict writes the
-base's kit beside them.
+What more than one stage's tests need, written once: the config strategy,
+the model and token builders, the float64 sampling filter from its
+definitions, the recorder of attention calls, and the runtime drivers'
+recording that leaves RoPE's inside out.
 """
 
 from __future__ import annotations

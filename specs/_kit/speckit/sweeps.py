@@ -1,16 +1,9 @@
-"""The maintainers' oracle sweeps: what several stages' ``domain/...`` drivers share.
-
-An oracle driver loads this file by path, from one folder up::
-
-    where = Path(__file__).parents[1] / "_kit" / "speckit_sweeps.py"
+"""The oracle sweeps: what several stages' ``domain/...`` drivers share.
 
 It imports torch and nothing else at run time: the oracle worker is meant to
 look like a user's process, so neither a test library nor a stage module
 comes in through here (for type checking it names ``ModelConfig``, which every
-stage has through ``core``). Like the acceptance tests' kit beside it, it is
-evidence of every stage whose spec-side files name it, and an amendment that
-edits it names each of them. This text names no other kit file on purpose:
-the checker counts a kit file named from here as loaded by this file's users.
+stage has through ``core``).
 
 What is here:
 
@@ -23,8 +16,7 @@ What is here:
 - ``config_changes`` and ``MODEL_FIELDS``: a small config with one field moved
   at a time (every ``ModelConfig`` field for a whole model).
 
-A module's whole domain sweep (attention's and block's) is a kit file of its
-own, which loads this one.
+A module's whole domain sweep (attention's and block's) is ``module_sweeps``.
 """
 
 from __future__ import annotations

@@ -1,8 +1,4 @@
-"""The maintainers' domain sweep of a whole model: what the model stages' drivers share.
-
-An oracle driver loads this file by path, from one folder up::
-
-    where = Path(__file__).parents[1] / "_kit" / "speckit_model_sweeps.py"
+"""The domain sweep of a whole model: what the model stages' drivers share.
 
 ``model_sweeps(o, ModelSweep(...))`` runs the ``domain/...`` calls every model
 stage makes the same way, over ids drawn below the vocabulary, and then the
@@ -24,36 +20,28 @@ forward (a generate call), the bad calls. The table's calls:
 The helpers here (the model builder, the bounds, a cross-entropy's
 Hessian-vector products, a causality pair, a reloaded model, two models in
 turn) are for the stages' own scenarios too. The general helpers (scales,
-config fields, warm-up, modes, errors) are the oracle sweeps' kit file,
-``speckit_sweeps.py``, loaded here by path and bound to module-level names.
-Like that file, this one imports torch and nothing else at run time (a
-stage's classes come in through the table), and it is evidence of every
-stage whose spec-side files name it.
+config fields, warm-up, modes, errors) are ``sweeps``'s, imported here and
+bound to module-level names. Like ``sweeps``, this module imports torch and
+nothing else at run time (a stage's classes come in through the table).
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import io
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
 
+from speckit import sweeps as kit
+
 if TYPE_CHECKING:
     from niels_gpt.config import ModelConfig
     from niels_gpt_contracts.driverkit import Oracle
 
-_KIT = importlib.util.spec_from_file_location(  # the general sweeps, beside this file
-    "niels_speckit_sweeps", Path(__file__).parent / "speckit_sweeps.py"
-)
-assert _KIT is not None and _KIT.loader is not None
-kit = importlib.util.module_from_spec(_KIT)
-_KIT.loader.exec_module(kit)
 SCALES, MODEL_FIELDS = kit.SCALES, kit.MODEL_FIELDS
 one_thread, loss_hvp, output_hvp = kit.one_thread, kit.loss_hvp, kit.output_hvp
 hessian_vector, errors, modes = kit.hessian_vector, kit.errors, kit.modes
@@ -110,12 +98,12 @@ class ModelSweep(NamedTuple):
     ``small`` on 20 tokens; ``label`` names the model in descriptions;
     ``part``: the magnitude calls' names go under ``domain/magnitude/<part>``;
     ``dtypes``: a name per model dtype and autocast dtype (None: none);
-    ``modes``: the modes (of ``speckit_sweeps``' ``MODES``) one forward runs
+    ``modes``: the modes (of ``sweeps``' ``MODES``) one forward runs
     in, on ``modes_config`` (default ``small``); ``after`` follows each
     magnitude and config forward; ``errors(o)`` the bad calls by name;
     ``scenarios``: the stage's own calls, per axis, run after the table's.
-    A named tuple, not a dataclass: a dataclass needs its module in
-    ``sys.modules``, and a module loaded by path is not put there.
+    Built by keyword; still a named tuple, as when the kit was loaded by path
+    (making it a dataclass edits a class of the model stages' evidence).
     """
 
     build: Callable[[ModelConfig], torch.nn.Module]

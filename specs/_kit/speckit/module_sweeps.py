@@ -1,8 +1,4 @@
-"""The maintainers' whole domain sweep of a module: what attention's and block's drivers share.
-
-An oracle driver loads this file by path, from one folder up::
-
-    where = Path(__file__).parents[1] / "_kit" / "speckit_module_sweeps.py"
+"""A module's whole domain sweep: what attention's and block's drivers share.
 
 ``module_sweeps(o, ModuleSweep(...))`` runs every ``domain/...`` call of a
 module that maps ``(B, T, C)`` to ``(B, T, C)`` and may return its attention
@@ -15,37 +11,33 @@ its scores and the fields it reads.
 
 The general helpers these sweeps call (the one-thread warm-up, the
 Hessian-vector products, the modes and errors loops, the config changes) are
-the oracle sweeps' kit file, ``speckit_sweeps.py``, loaded here by path and
-bound to module-level names, so a driver that loads this file reaches them
-too. Like that file, this one imports torch and nothing else at run time, and
-it is evidence of every stage whose spec-side files name it; the checker
-counts those stages as users of ``speckit_sweeps.py`` as well.
+``sweeps``'s, imported here by name, so a driver that imports this module
+reaches them too. Like ``sweeps``, it imports torch and nothing else at run
+time.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import io
 from collections.abc import Callable, Mapping
 from functools import partial
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
+from speckit.sweeps import (
+    SCALES,
+    TRAINING_CALLS,
+    config_changes,
+    errors,
+    modes,
+    one_thread,
+)
+from speckit.sweeps import output_hvp as output_hvp  # block's own grad2 call uses it too
+
 if TYPE_CHECKING:
     from niels_gpt.config import ModelConfig
     from niels_gpt_contracts.driverkit import Oracle
-
-_KIT = importlib.util.spec_from_file_location(  # the general sweeps, beside this file
-    "niels_speckit_sweeps", Path(__file__).parent / "speckit_sweeps.py"
-)
-assert _KIT is not None and _KIT.loader is not None
-kit = importlib.util.module_from_spec(_KIT)
-_KIT.loader.exec_module(kit)
-SCALES, TRAINING_CALLS = kit.SCALES, kit.TRAINING_CALLS
-one_thread, output_hvp, modes = kit.one_thread, kit.output_hvp, kit.modes
-errors, config_changes = kit.errors, kit.config_changes
 
 
 class ModuleSweep(NamedTuple):
@@ -57,8 +49,8 @@ class ModuleSweep(NamedTuple):
     ``" d_ff=40"``); ``history``: the configs of the long run and of the second
     module called in turn; ``fields``: each field moved away from ``small``;
     ``score_bound(module, x)``: an upper bound of the attention scores' size.
-    A named tuple, not a dataclass: a dataclass needs its module in
-    ``sys.modules``, and a module loaded by path is not put there.
+    Built by keyword; still a named tuple, as when the kit was loaded by path
+    (making it a dataclass edits a class of attention's and block's evidence).
     """
 
     build: Callable[[ModelConfig], torch.nn.Module]

@@ -1,35 +1,26 @@
 """The padding stage's kit: the builders and references its acceptance tests share.
 
 What kv_cache's tests need as well (the model and token builders, the
-float64 sampling filter, the attention-call recorder) comes from the
-maintainers' spec kit (``specs/_kit/speckit.py``) and is bound here under
-the names the tests use; what is padding's alone is written here. The
-amendment check judges this file, and the spec kit it names, as padding's
-evidence: an edit of either is an amendment of padding. The tests load it
-by path (pytest's importlib mode puts no test folder on ``sys.path``);
-pytest does not collect it.
+float64 sampling filter, the attention-call recorder) comes from the spec
+kit (``speckit.acceptance``) and is bound here under the names the tests
+use; what is padding's alone is written here. The tests import this module
+by name (``import padding_kit as kit``); pytest does not collect it.
 """
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Sequence
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from hypothesis import strategies as st
+from speckit import acceptance as speckit
 
 from niels_gpt.model.attention import CausalSelfAttention
 from niels_gpt.model.gpt import GPT
 
-_SPEC = importlib.util.spec_from_file_location(  # the maintainers' spec kit, by path
-    "niels_speckit", Path(__file__).parents[2] / "_kit" / "speckit.py"
-)
-speckit = importlib.util.module_from_spec(_SPEC)  # type: ignore[arg-type]
-_SPEC.loader.exec_module(speckit)  # type: ignore[union-attr]
 # bound under the names the tests have always used
 Tol, Randomise, NEG = speckit.Tol, speckit.Randomise, speckit.NEG
 model, tokens, generator = speckit.model, speckit.tokens, speckit.generator
