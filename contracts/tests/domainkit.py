@@ -16,6 +16,7 @@ from pathlib import Path
 
 import refkit
 
+from niels_gpt_contracts import specpath
 from niels_gpt_contracts.result import Violation
 from niels_gpt_contracts.sandbox.environment import Sandbox
 from niels_gpt_contracts.sandbox.oracle_run import Job, Stream
@@ -54,6 +55,7 @@ def answers(
         "drivers": [entry],
         "references": {},
         "preload": refkit._preload(all_specs),
+        "paths": specpath.driver_path(refkit.REPO, [stage]),
     }
     box = Sandbox.prepare(sys.executable, scratch / "box", names, threads=1)
     jobs = [(Job("main", refkit._code(scratch / "main", {}), request, threads=1), True)]

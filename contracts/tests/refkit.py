@@ -28,6 +28,7 @@ from typing import Any
 
 import pytest
 
+from niels_gpt_contracts import specpath
 from niels_gpt_contracts.result import Violation
 from niels_gpt_contracts.sandbox import oracle_run
 from niels_gpt_contracts.sandbox.environment import Sandbox
@@ -161,7 +162,8 @@ def answers(
         "watch": {},
         "only": only,
     }
-    common = {"seed": seed, "names": names, "drivers": [entry]}
+    paths = specpath.driver_path(REPO, [stage])
+    common = {"seed": seed, "names": names, "drivers": [entry], "paths": paths}
     real = {**common, "references": {}, "preload": _preload(all_specs)}
     refs = {m: str(REPO / f) for m, f in spec.oracle.references.items()}
     ref = {**common, "references": refs, "preload": []}
