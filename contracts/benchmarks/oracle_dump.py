@@ -100,7 +100,7 @@ def dump(
                for s in chosen]  # fmt: skip
     drivers = [{**entry, "capture": True} for entry in entries]
     request = {"seed": seed, "names": names, "references": {}, "preload": modules,
-               "drivers": drivers}  # fmt: skip
+               "paths": oracle._paths(root, chosen), "drivers": drivers}  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         code = Path(tmp) / "code"
         for src in sorted(root.glob("packages/*/src")):
