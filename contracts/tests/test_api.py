@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from gatekit import Repo
 
 ALPHA_MOD = "packages/alpha/src/ngx/alpha_mod.py"
@@ -157,6 +158,34 @@ def test_a_dataclass_init_is_read_from_its_fields(repo: Repo) -> None:
     repo.write(ALPHA_MOD, repo.read(ALPHA_MOD) + "\nThing.__init__.__signature__ = None\n")
     code, out = repo.gate_json()
     assert code == 1
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        "    size: int\n    scale: float = dataclasses.field(default=1.0, kw_only=True)\n",
+        "    size: int\n    _: dataclasses.KW_ONLY\n    scale: float = 1.0\n",
+    ],
+)
+def test_a_dataclass_init_with_keyword_only_fields_is_read_as_generated(
+    repo: Repo, fields: str
+) -> None:
+    repo.write(
+        ALPHA_MOD,
+        repo.read(ALPHA_MOD)
+        .replace(
+            "class Thing:\n    def __init__(self, size: int) -> None:\n        self.size = size\n",
+            "@dataclasses.dataclass\nclass Thing:\n" + fields,
+        )
+        .replace(
+            "from __future__ import annotations\n",
+            "from __future__ import annotations\n\nimport dataclasses\n",
+        ),
+    )
+    wanted = '__init__ = "(self, size: int, *, scale: float = 1.0)"'
+    repo.replace("specs/alpha.toml", '__init__ = "(self, size: int)"', wanted)
+    code, out = repo.gate_json()
+    assert code == 0, out["violations"]
 
 
 OVERLOADED_RUN = """\

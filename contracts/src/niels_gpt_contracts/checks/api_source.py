@@ -70,15 +70,47 @@ def dataclass_init(text: str, name: str, line: int) -> dict[str, Any] | None:
                 and isinstance(s.target, ast.Name)
                 and "ClassVar" not in ast.unparse(s.annotation)
             ]
-            params = ", ".join(
-                ast.unparse(ast.AnnAssign(target=f.target, annotation=f.annotation, simple=1))
-                + (f" = {ast.unparse(f.value)}" if f.value is not None else "")
-                for f in fields
-            )
+            every = any(_keyword(d, "kw_only") for d in node.decorator_list)
+            positional, keyword = _init_params(fields, every)
+            params = ", ".join([*positional, *(["*", *keyword] if keyword else [])])
             func = ast.parse(f"def __init__(self, {params}) -> None:\n    pass\n").body[0]
             assert isinstance(func, ast.FunctionDef)
             return from_def(func)
     return None
+
+
+def _keyword(node: ast.expr, name: str) -> bool:
+    """Whether ``node`` is a call (``dataclass(...)``, ``field(...)``) given ``name=True``."""
+    return isinstance(node, ast.Call) and any(
+        k.arg == name and isinstance(k.value, ast.Constant) and k.value.value is True
+        for k in node.keywords
+    )
+
+
+def _init_params(fields: list[ast.AnnAssign], every: bool) -> tuple[list[str], list[str]]:
+    """The generated ``__init__``'s positional and keyword-only parameters, as source.
+
+    A field is keyword-only under ``@dataclass(kw_only=True)`` (``every``), after a
+    ``_: KW_ONLY`` marker, or as ``field(..., kw_only=True)``; the generated
+    ``__init__`` lists those after the others. ``field(default=X)`` shows ``= X``.
+    """
+    positional: list[str] = []
+    keyword: list[str] = []
+    after_marker = False
+    for f in fields:
+        if "KW_ONLY" in ast.unparse(f.annotation):
+            after_marker = True
+            continue
+        value = f.value
+        is_field = isinstance(value, ast.Call) and ast.unparse(value.func).endswith("field")
+        if is_field and isinstance(value, ast.Call):
+            given = [k.value for k in value.keywords if k.arg == "default"]
+            value = given[0] if given else None
+        text = ast.unparse(ast.AnnAssign(target=f.target, annotation=f.annotation, simple=1))
+        text += f" = {ast.unparse(value)}" if value is not None else ""
+        kw = every or after_marker or (f.value is not None and _keyword(f.value, "kw_only"))
+        (keyword if kw else positional).append(text)
+    return positional, keyword
 
 
 def judge_source(
