@@ -67,6 +67,11 @@ def test_frozen_and_replace_revalidates() -> None:
         ({"rope_theta": 0.0}, "rope_theta"),
         ({"rope_theta": float("inf")}, "rope_theta"),
         ({"rope_theta": float("nan")}, "rope_theta"),
+        ({"H_kv": 0}, "H_kv"),
+        ({"H_kv": 3}, "H_kv"),
+        ({"H_kv": 16}, "H_kv"),
+        ({"H_kv": True}, "H_kv"),
+        ({"H_kv": 2.0}, "H_kv"),
     ],
 )
 def test_invalid_values_raise_naming_the_field(overrides: dict[str, object], field: str) -> None:
@@ -90,3 +95,18 @@ def test_valid_configs_are_accepted(
     cfg = ModelConfig(V=V, T=T, C=H * 2 * half_d, H=H, d_ff=d_ff, dropout=dropout)
     assert cfg.head_dim == 2 * half_d
     assert cfg.C % cfg.H == 0
+
+
+@pytest.mark.invariant("core.config_validation")
+def test_h_kv_is_keyword_only_and_defaults_to_h() -> None:
+    cfg = ModelConfig(V=256)
+    assert cfg.H_kv is None and cfg.kv_heads == cfg.H == 8
+    assert [ModelConfig(V=256, H_kv=h).kv_heads for h in (8, 4, 2, 1)] == [8, 4, 2, 1]
+    with pytest.raises(
+        ValueError, match=r"H_kv must be None or a positive int dividing H, got H=8, H_kv=3"
+    ):
+        ModelConfig(V=256, H_kv=3)
+    with pytest.raises(ValueError, match="H_kv"):  # replace re-validates against the new H
+        dataclasses.replace(ModelConfig(V=256, H_kv=8), H=4)
+    with pytest.raises(TypeError):
+        ModelConfig(256, 1024, 512, 8, 8, 1536, 0.1, 10000.0, 2)  # type: ignore[misc]

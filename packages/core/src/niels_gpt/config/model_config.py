@@ -8,7 +8,7 @@ default since backbone v1; every other field carries the v1 default.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 __all__ = ["ModelConfig"]
 
@@ -31,13 +31,17 @@ class ModelConfig:
         C: embedding width.
         L: number of transformer blocks.
         H: number of attention heads; ``C // H`` is the head dim ``D``.
+        H_kv: keyword-only; key/value heads of grouped-query attention, each
+            read by ``H // H_kv`` query heads; ``None`` (the default) means
+            ``H``, multi-head attention. ``kv_heads`` gives the number.
         d_ff: hidden width of the MLP.
         dropout: dropout probability used everywhere dropout appears.
         rope_theta: RoPE frequency base.
 
     Raises:
         ValueError: a size that is not a positive int, ``C % H != 0``, an odd
-            head dim (RoPE rotates channel pairs), ``dropout`` outside
+            head dim (RoPE rotates channel pairs), an ``H_kv`` that is not
+            ``None`` or a positive int dividing ``H``, ``dropout`` outside
             ``[0, 1)`` or a ``rope_theta`` that is not a finite positive number.
     """
 
@@ -49,6 +53,7 @@ class ModelConfig:
     d_ff: int = 1536
     dropout: float = 0.1
     rope_theta: float = 10000.0
+    H_kv: int | None = field(default=None, kw_only=True)
 
     def __post_init__(self) -> None:
         for name in ("V", "T", "C", "L", "H", "d_ff"):
@@ -62,6 +67,16 @@ class ModelConfig:
             raise ValueError(
                 f"ModelConfig head dim C // H must be even for RoPE, got "
                 f"C // H = {self.C} // {self.H} = {self.head_dim}"
+            )
+        if self.H_kv is not None and (
+            isinstance(self.H_kv, bool)
+            or not isinstance(self.H_kv, int)
+            or self.H_kv <= 0
+            or self.H % self.H_kv != 0
+        ):
+            raise ValueError(
+                f"ModelConfig.H_kv must be None or a positive int dividing H, got "
+                f"H={self.H}, H_kv={self.H_kv!r}"
             )
         if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)):
             raise ValueError(
@@ -79,6 +94,11 @@ class ModelConfig:
             raise ValueError(
                 f"ModelConfig.rope_theta must be finite and positive, got {self.rope_theta}"
             )
+
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads ``H_kv``: ``H`` unless ``H_kv`` is given."""
+        return self.H if self.H_kv is None else self.H_kv
 
     @property
     def head_dim(self) -> int:
