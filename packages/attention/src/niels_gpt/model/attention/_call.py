@@ -2,8 +2,9 @@
 
 Shape notation::
 
-    B: batch, H: heads, D: head dim, T: tokens in one call, p: cache length
-    before the call, m = p + T: the keys the call's queries see
+    B: batch, H: query heads, H_kv: key/value heads (dividing H), D: head dim,
+    T: tokens in one call, p: cache length before the call, m = p + T: the
+    keys the call's queries see
 
 Private home of what ``niels_gpt.model.attention`` exports as ``KVCache``, of
 the checks of such a call (each raises ``niels_gpt.checks.InputError`` naming
@@ -116,15 +117,16 @@ def check_call(
 ) -> int:
     """Check a call's cache, positions and key mask against ``x`` ``(B, T, C)``; return ``p``.
 
-    ``limits`` is ``(H, D, cfg.T)``. ``positions``: None or ``(B, T)`` int64 on
-    x's device, every value in ``[0, cfg.T)`` (one host sync reads the range).
+    ``limits`` is ``(H_kv, D, cfg.T)``: a cache holds the key/value heads.
+    ``positions``: None or ``(B, T)`` int64 on x's device, every value in
+    ``[0, cfg.T)`` (one host sync reads the range).
     ``key_mask``: None or ``(B, p + T)`` bool on x's device.
     """
     B, T, _ = x.shape
-    H, D, limit = limits
+    Hk, D, limit = limits
     p = 0
     if cache is not None:
-        kv, p = _check_cache(cache, B, T, (H, D), limit)
+        kv, p = _check_cache(cache, B, T, (Hk, D), limit)
         check_like(kv.keys, "KV cache", weight, "attention")
     if positions is not None:
         if not isinstance(positions, torch.Tensor) or positions.dtype != torch.int64:
@@ -159,17 +161,27 @@ def rotate_at(
     p: int,
     positions: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """RoPE on ``(B, H, T, D)`` q and k, through one ``rope.apply_rope`` call.
+    """RoPE on q ``(B, H, T, D)`` and k ``(B, H_kv, T, D)``, one ``rope.apply_rope`` call.
 
     ``sin``/``cos`` are the module's ``(1, 1, cfg.T, D/2)`` tables in q's dtype.
     Positions ``p .. p+T-1`` take the table rows from ``p`` on; per-row
-    ``positions`` ``(B, T)`` go through ``rotate_rows``.
+    ``positions`` ``(B, T)`` go through ``rotate_rows``. ``apply_rope`` takes q
+    and k of one shape, so with ``G = H // H_kv > 1`` each key head is repeated
+    ``G`` times for the call and the first of each group kept (RoPE turns each
+    head alike); with ``G = 1`` k goes as it is.
     """
+    groups = q.shape[1] // k.shape[1]
+    if groups > 1:
+        k = k.repeat_interleave(groups, dim=1)  # (B, H, T, D)
     if positions is None:
         if p:
             sin, cos = sin[:, :, p:], cos[:, :, p:]  # (1, 1, cfg.T - p, D/2) views
-        return rope.apply_rope(q, k, sin, cos)  # (B, H, T, D) each
-    return rotate_rows(q, k, sin, cos, positions)
+        q_rot, k_rot = rope.apply_rope(q, k, sin, cos)  # (B, H, T, D) each
+    else:
+        q_rot, k_rot = rotate_rows(q, k, sin, cos, positions)  # (B, H, T, D) each
+    if groups > 1:
+        k_rot = k_rot[:, ::groups]  # (B, H_kv, T, D) strided view: one head a group
+    return q_rot, k_rot
 
 
 def rotate_rows(

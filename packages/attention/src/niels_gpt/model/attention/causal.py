@@ -3,7 +3,9 @@
 Shape notation::
 
     B: batch, T: tokens in this call (<= cfg.T), C: width, H: heads, D = C // H,
-    p: cache length before the call, m = p + T: the keys the call's queries see
+    H_kv: key/value heads (cfg.kv_heads, dividing H), G = H // H_kv: the query
+    heads reading one key/value head, p: cache length before the call,
+    m = p + T: the keys the call's queries see
 
 One implementation serves every use. ``forward(x)`` is seed 000's module;
 keyword arguments and one attribute extend it without changing it:
@@ -21,6 +23,14 @@ keyword arguments and one attribute extend it without changing it:
   without probabilities or a key mask, cached ones too (``AttentionKernel``).
   The others run the explicit core, written without SDPA so its probabilities
   can be returned.
+
+Grouped-query attention (``cfg.H_kv``): the fused projection yields ``H`` query
+heads and ``H_kv`` key/value heads; query head ``h`` reads key/value head
+``h // G`` (``repeat_interleave``'s order). The cache holds ``H_kv`` heads, a
+kernel gets them as they are, and the explicit core groups the ``G`` queries of
+each key/value head into one matrix product instead of copying keys. With
+``H_kv = H`` (``G = 1``) every grouping is a view of the same shape: the
+multi-head module, bit for bit.
 
 RoPE is reached through the module object (``rope.apply_rope``): tests monkeypatch it.
 
@@ -51,9 +61,10 @@ from niels_gpt.model.attention._call import KVCache, check_call, rotate_at, rota
 __all__ = ["AttentionKernel", "CausalSelfAttention", "KVCache", "attention_modules", "rotate_rows"]
 
 #: ``kernel(q, k, v, dropout_p, scale)``: causal attention of rotated q ``(B, H, T, D)``
-#: and k, v ``(B, H, m, D)``, ``m = p + T >= T`` (``p`` cached positions first):
-#: query ``i`` sees keys ``0 .. p + i`` (bottom-right aligned), dropout
-#: ``dropout_p`` on the probabilities; returns ``(B, H, T, D)``.
+#: and k, v ``(B, H_kv, m, D)``, ``m = p + T >= T`` (``p`` cached positions first):
+#: query ``i`` sees keys ``0 .. p + i`` (bottom-right aligned), query head ``h``
+#: reads key/value head ``h // (H // H_kv)``, dropout ``dropout_p`` on the
+#: probabilities; returns ``(B, H, T, D)``.
 AttentionKernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float, float], torch.Tensor]
 
 
@@ -63,7 +74,10 @@ def _rope_dtype(activation: torch.dtype, table: torch.dtype) -> torch.dtype:
 
 
 class CausalSelfAttention(nn.Module):
-    """Fused-QKV causal self-attention; RoPE on q and k.
+    """Fused-QKV causal self-attention; RoPE on q and k; ``cfg.kv_heads`` key/value heads.
+
+    ``qkv`` is ``Linear(C, C + 2 * H_kv * D)``, its output ``q | k | v`` of
+    widths ``C``, ``H_kv * D``, ``H_kv * D`` (``3 * C`` when ``H_kv = H``).
 
     Buffers (all non-persistent, so ``state_dict`` holds only weights, and
     all moved by ``.to()``):
@@ -88,6 +102,7 @@ class CausalSelfAttention(nn.Module):
     mask: torch.Tensor
     kernel: AttentionKernel | None
     kv_cache: KVCache | None
+    n_kv_head: int  # key/value heads, cfg.kv_heads (H unless cfg.H_kv is given)
 
     #: Query rows scored per block in the attention core (see ``_attend``).
     QUERY_BLOCK: int = 128
@@ -96,8 +111,9 @@ class CausalSelfAttention(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.n_head = cfg.H
+        self.n_kv_head = cfg.kv_heads
         self.head_dim = cfg.C // cfg.H
-        self.qkv = nn.Linear(cfg.C, 3 * cfg.C, bias=False)
+        self.qkv = nn.Linear(cfg.C, cfg.C + 2 * self.n_kv_head * self.head_dim, bias=False)
         self.proj = nn.Linear(cfg.C, cfg.C, bias=False)
         self.attn_dropout = nn.Dropout(cfg.dropout)
         self.resid_dropout = nn.Dropout(cfg.dropout)
@@ -176,21 +192,21 @@ class CausalSelfAttention(nn.Module):
         check_like(x, "x", self.qkv.weight, "attention")
         B, T, C = x.shape
         check_length(T, self.cfg.T)
-        H, D = self.n_head, self.head_dim
+        H, Hk, D = self.n_head, self.n_kv_head, self.head_dim
         cache = getattr(self, "kv_cache", None)  # absent until a caller sets one up
-        limits = (H, D, self.cfg.T)
+        limits = (Hk, D, self.cfg.T)
         p = 0
         if cache is not None or positions is not None or key_mask is not None:
             p = check_call(x, self.qkv.weight, cache, positions, key_mask, limits)
 
-        q, k, v = self.qkv(x).split(C, dim=-1)  # (B, T, C) each, views of one buffer
+        q, k, v = self.qkv(x).split((C, Hk * D, Hk * D), dim=-1)  # (B, T, C), (B, T, Hk*D) x2
         q = q.view(B, T, H, D).transpose(1, 2)  # (B, H, T, D) strided view
-        k = k.view(B, T, H, D).transpose(1, 2)  # (B, H, T, D) strided view
-        v = v.view(B, T, H, D).transpose(1, 2)  # (B, H, T, D) strided view
+        k = k.view(B, T, Hk, D).transpose(1, 2)  # (B, H_kv, T, D) strided view
+        v = v.view(B, T, Hk, D).transpose(1, 2)  # (B, H_kv, T, D) strided view
         q_rot, k_rot = rotate_at(*self._rope_operands(q, k), p, positions)  # float32+
-        q, k = q_rot.to(v.dtype), k_rot.to(v.dtype)  # (B, H, T, D) in the activation dtype
+        q, k = q_rot.to(v.dtype), k_rot.to(v.dtype)  # (B, H, T, D), (B, H_kv, T, D)
         if cache is not None:
-            k, v = cache.append(k, v)  # (B, H, p + T, D) each, views of the cache
+            k, v = cache.append(k, v)  # (B, H_kv, p + T, D) each, views of the cache
         plain = key_mask is None  # a kernel may serve it, through the cache or not
         out, probs = self._core(q, k, v, p, key_mask, return_attn, plain)  # (B, T, H, D)
         y: torch.Tensor = self.resid_dropout(self.proj(out.view(B, T, C)))  # (B, T, C)
@@ -203,15 +219,15 @@ class CausalSelfAttention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(q, k, sin, cos)`` for ``rope.apply_rope``, all in ``_rope_dtype``.
 
-        ``q``, ``k``: ``(B, H, T, D)``. Every ``.to`` is a no-op in a float32 or
-        float64 module outside autocast, and then skipped.
+        ``q``: ``(B, H, T, D)``, ``k``: ``(B, H_kv, T, D)``. Every ``.to`` is a
+        no-op in a float32 or float64 module outside autocast, and then skipped.
         """
         work = _rope_dtype(q.dtype, self.rope_sin.dtype)
         if q.dtype == work and self.rope_sin.dtype == work:
             return q, k, self.rope_sin, self.rope_cos  # nothing to cast
         return (
             q.to(work),  # (B, H, T, D)
-            k.to(work),  # (B, H, T, D)
+            k.to(work),  # (B, H_kv, T, D)
             self.rope_sin.to(work),  # (1, 1, cfg.T, D/2)
             self.rope_cos.to(work),  # (1, 1, cfg.T, D/2)
         )
@@ -227,7 +243,8 @@ class CausalSelfAttention(nn.Module):
         plain: bool,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The one place a kernel is chosen: ``self.kernel`` for a call without a key mask
-        or probabilities (``plain``: no key mask; ``k``, ``v`` hold ``p + T`` rows),
+        or probabilities (``plain``: no key mask; ``k``, ``v`` hold ``H_kv`` heads of
+        ``p + T`` rows),
         else the explicit ``_attend``, whose ``(out, probs)`` it returns."""
         kernel = self.kernel
         if kernel is None or return_attn or not plain:
@@ -249,8 +266,11 @@ class CausalSelfAttention(nn.Module):
         """The explicit core: ``softmax(mask(q k^T / sqrt(D))) @ v``, dropout on the probs.
 
         ``q`` is ``(B, H, T, D)`` at positions ``p .. p+T-1``; ``k`` and ``v`` are
-        ``(B, H, p + T, D)``. Query ``i`` sees key ``j`` iff ``j <= p + i`` (the
-        tril buffer's rows ``[p, p+T)``) and ``key_mask[b, j]``.
+        ``(B, H_kv, p + T, D)``. Query ``i`` sees key ``j`` iff ``j <= p + i`` (the
+        tril buffer's rows ``[p, p+T)``) and ``key_mask[b, j]``. The ``G`` query
+        heads of one key/value head are stacked along the rows of one product
+        (``(B, H_kv, G * R, D)``), so no key or value is copied; ``G = 1`` makes
+        every such reshape a view of the same shape.
 
         Queries go in blocks of ``QUERY_BLOCK`` rows; a block at positions
         ``[r0, r1)`` scores keys ``[0, r1)`` only (every later key is masked for
@@ -267,6 +287,7 @@ class CausalSelfAttention(nn.Module):
         ``return_attn`` is true (zeros where not visible), else ``None``.
         """
         B, H, T, D = q.shape
+        Hk = k.shape[1]  # key/value heads; G = H // Hk query heads each
         S = p + T  # keys seen by the last query
         scale = 1.0 / math.sqrt(D)
         probs_dtype = torch.promote_types(v.dtype, torch.float32)
@@ -283,7 +304,10 @@ class CausalSelfAttention(nn.Module):
         blocks = [(p, S)] if T <= QB else [(r0, min(S, r0 + QB)) for r0 in range(p, S, QB)]
         for r0, r1 in blocks:
             rows = slice(r0 - p, r1 - p)  # the block's queries, in this call's coordinates
-            scores = q[:, :, rows] @ k[:, :, :r1].transpose(-2, -1)  # (B, H, R, r1)
+            GR = H // Hk * (r1 - r0)  # G query heads of R = r1 - r0 rows, stacked
+            q_g = q[:, :, rows].reshape(B, Hk, GR, D)  # (B, H_kv, G*R, D)
+            scores = q_g @ k[:, :, :r1].transpose(-2, -1)  # (B, H_kv, G*R, r1)
+            scores = scores.view(B, H, r1 - r0, r1)  # (B, H, R, r1) view
             # in place where .to is a no-op: the matmul keeps no output for backward
             scores = scores.to(probs_dtype).mul_(scale)  # (B, H, R, r1)
             visible = allowed[:, :, rows, :r1]  # (B or 1, 1, R, r1) view
@@ -291,7 +315,9 @@ class CausalSelfAttention(nn.Module):
             probs = torch.softmax(scores, dim=-1)  # (B, H, R, r1)
             if key_mask is not None:  # a query that sees no key: an all-zero row
                 probs = probs.masked_fill(~visible.any(-1, keepdim=True), 0.0)  # (B, H, R, r1)
-            block = self.attn_dropout(probs).to(v.dtype) @ v[:, :, :r1]  # (B, H, R, D)
+            kept = self.attn_dropout(probs).to(v.dtype)  # (B, H, R, r1)
+            block = kept.reshape(B, Hk, GR, r1) @ v[:, :, :r1]  # (B, H_kv, G*R, D)
+            block = block.view(B, H, r1 - r0, D)  # (B, H, R, D) view
             out[:, rows] = block.transpose(1, 2)  # (B, R, H, D) into (B, T, H, D)
             if probs_full is not None:
                 probs_full[:, :, rows, :r1] = probs  # (B, H, R, r1) into (B, H, T, S)
