@@ -77,7 +77,7 @@ def use_kv_cache(model: nn.Module, batch_size: int, *, max_len: int | None = Non
     """Set up a fresh zero-filled ``KVCache`` on every attention module inside ``model``.
 
     ``model`` is a ``GPT``, a ``Block``, an attention module or any tree of
-    them. Each module gets ``KVCache(batch_size, H, max_len, D)`` (``max_len``
+    them. Each module gets ``KVCache(batch_size, H_kv, max_len, D)`` (``max_len``
     defaults to its ``cfg.T``) in its parameters' dtype and device as its
     ``kv_cache``; nothing else changes (the same objects, classes, parameters,
     buffers, hooks and training flag). Calling it again is a reset.
@@ -98,7 +98,7 @@ def use_kv_cache(model: nn.Module, batch_size: int, *, max_len: int | None = Non
     caches = [
         KVCache(
             batch_size,
-            m.n_head,
+            m.n_kv_head,  # key/value heads: H, or H_kv under grouped-query attention
             m.cfg.T if max_len is None else max_len,
             m.head_dim,
             dtype=m.qkv.weight.dtype,
