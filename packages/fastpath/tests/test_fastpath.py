@@ -247,3 +247,17 @@ def test_switch_works_on_blocks_and_refuses_unknown_subclasses() -> None:
         use_fast_attention(holder)
     with pytest.raises(TypeError, match=r"nn\.Module"):
         use_fast_attention("not a model")  # type: ignore[arg-type]
+
+
+@pytest.mark.invariant("fastpath.eval_matches_explicit")
+@pytest.mark.parametrize(("h_kv", "t", "s"), [(2, 5, 5), (2, 3, 11), (3, 1, 9), (1, 4, 4)])
+def test_sdpa_kernel_reads_grouped_kv_heads_in_repeat_interleave_order(
+    device: torch.device, h_kv: int, t: int, s: int
+) -> None:
+    gen = torch.Generator().manual_seed(h_kv * 100 + t)
+    q = torch.randn(2, 6, t, 8, generator=gen, dtype=torch.float64).to(device)  # (B, H, T, D)
+    k, v = torch.randn(2, 2, h_kv, s, 8, generator=gen, dtype=torch.float64).to(device)
+    got = sdpa_kernel(q, k, v, 0.0, 0.25)  # (B, H, T, D); k, v (B, H_kv, S, D)
+    g = 6 // h_kv
+    want = sdpa_kernel(q, k.repeat_interleave(g, 1), v.repeat_interleave(g, 1), 0.0, 0.25)
+    torch.testing.assert_close(got, want, **_tol(torch.float64))

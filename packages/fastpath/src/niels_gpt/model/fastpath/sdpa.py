@@ -32,7 +32,10 @@ __all__ = ["FastCausalSelfAttention", "sdpa_kernel", "use_explicit_attention", "
 def sdpa_kernel(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float, scale: float
 ) -> torch.Tensor:
-    """Causal attention of rotated q ``(B, H, T, D)`` and k, v ``(B, H, S, D)`` through SDPA.
+    """Causal attention of rotated q ``(B, H, T, D)`` and k, v ``(B, H_kv, S, D)`` through SDPA.
+
+    ``H_kv`` divides ``H``; with ``H_kv < H`` SDPA runs with ``enable_gqa``:
+    query head ``h`` reads key/value head ``h // (H // H_kv)``, nothing copied.
 
     The attention stage's ``AttentionKernel``: with ``S >= T`` keys (``S - T``
     of them cached), query ``i`` sees keys ``0 .. S - T + i``; scores are
@@ -45,15 +48,16 @@ def sdpa_kernel(
         ValueError: fewer keys than queries (``S < T``).
     """
     T, S = q.shape[-2], k.shape[-2]
+    gqa = k.shape[1] != q.shape[1]  # H_kv < H: SDPA reads each K/V head for its G queries
     if S == T:
         return F.scaled_dot_product_attention(
-            q, k, v, dropout_p=dropout_p, is_causal=True, scale=scale
+            q, k, v, dropout_p=dropout_p, is_causal=True, scale=scale, enable_gqa=gqa
         )  # (B, H, T, D)
     if S < T:
         raise ValueError(f"sdpa_kernel needs at least as many keys as queries ({T}), got {S}")
     visible = None if T == 1 else torch.ones(T, S, dtype=torch.bool, device=q.device).tril(S - T)
     return F.scaled_dot_product_attention(
-        q, k, v, attn_mask=visible, dropout_p=dropout_p, scale=scale
+        q, k, v, attn_mask=visible, dropout_p=dropout_p, scale=scale, enable_gqa=gqa
     )  # (B, H, T, D); visible: None or (T, S), True = seen
 
 
