@@ -340,6 +340,35 @@ def test_experiments(session: nox.Session) -> None:
     )  # fmt: skip
 
 
+# --- peers nobody here wrote ---------------------------------------------------
+
+
+@nox.session(name="test-peers")
+def test_peers(session: nox.Session) -> None:
+    """Our weights in another project's model: Hugging Face's ``LlamaForCausalLM``.
+
+    Builds the wheels, installs the stages (``niels-gpt-kv-cache`` brings the
+    GPT) with ``transformers``, pytest and constraints into a new venv, and runs
+    ``peers/``: logits in float64 to round-off and greedy generation through
+    each side's KV cache, token for token, with fewer key/value heads than
+    query heads (grouped-query attention) and without. Not in the landing
+    run (``.ci/run --full`` has it): it installs transformers. Posargs go to pytest.
+    """
+    tmp = Path(session.create_tmp()) / "peers"
+    shutil.rmtree(tmp, ignore_errors=True)
+    wheels = build_wheels(session)
+    python, env = wheel_venv(session, tmp / "venv", wheels, "niels-gpt-kv-cache")
+    session.run(
+        "python", "-m", "pip", "--python", python, "install", "--quiet", "--no-compile",
+        "-c", str(CONSTRAINTS), "transformers", "pytest",
+    )  # fmt: skip
+    session.run(
+        python, "-m", "pytest", "-c", str(ROOT / "pyproject.toml"), f"--rootdir={ROOT}",
+        "--noconftest", str(ROOT / "peers"), "-p", "no:cacheprovider", *session.posargs,
+        env=env, external=True,
+    )  # fmt: skip
+
+
 # --- the web app ----------------------------------------------------------------
 
 

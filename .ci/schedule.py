@@ -59,8 +59,9 @@ def tier(sessions: tuple[Session, ...], full: bool) -> tuple[Session, ...]:
 # a clean-clone run: the experiment from its wheels (156), every README's
 # examples from their install lines (129), the hooks through pre-commit (47),
 # the mutant proof of all 273 catalogued bugs (422), every scenario rather
-# than none (43 of the 60 took 5800 in one run), the workflow replay (325)
-# and each float64 reference at a seed drawn for the run (120, measured alone).
+# than none (43 of the 60 took 5800 in one run), the workflow replay (325),
+# each float64 reference at a seed drawn for the run (120, measured alone)
+# and the Hugging Face Llama peer from the wheels (test-peers).
 SESSIONS = (
     Session("lint"),
     Session("test-serve"),
@@ -76,6 +77,7 @@ SESSIONS = (
     Session("test-readmes", needs=("lint",), full_only=True),
     Session("typecheck", needs=("lint",)),
     Session("test-hooks", needs=("lint",), full_only=True),
+    Session("test-peers", full_only=True),
 )
 
 
