@@ -39,6 +39,7 @@ _OPTIONS: tuple[tuple[str, str, Any, str], ...] = (
     ("--width", "C", int, "embedding width C"),
     ("--layers", "L", int, "number of blocks L"),
     ("--heads", "H", int, "attention heads H"),
+    ("--kv-heads", "H_kv", int, "key/value heads, dividing H (grouped-query attention)"),
     ("--d-ff", "d_ff", int, "v1 SwiGLU width; v0 matches its parameter count"),
     ("--dropout", "dropout", float, "dropout probability"),
     ("--corpus", "corpus", Path, "a folder or text file instead of the standard library"),
@@ -76,6 +77,7 @@ _OPTIONS: tuple[tuple[str, str, Any, str], ...] = (
 # Defaults whose value alone would not say what they mean.
 _DEFAULT_TEXT = {
     "d_ff": "3*C",
+    "H_kv": "H",
     "corpus": "the running Python's standard library",
     "data_dir": "$NIELS_GPT_DATA or ~/.cache/niels-gpt-experiments",
     "warmup": "min(100, steps // 10)",

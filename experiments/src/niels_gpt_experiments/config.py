@@ -52,6 +52,7 @@ RUN_DEFINING = (
     "C",
     "L",
     "H",
+    "H_kv",
     "d_ff",
     "dropout",
     "corpus",
@@ -94,6 +95,7 @@ class TrainConfig:
     C: int = 256
     L: int = 4
     H: int = 4
+    H_kv: int | None = None  # key/value heads (grouped-query attention); None: H
     d_ff: int | None = None
     dropout: float = 0.0
     attention: Literal["explicit", "fast"] = "explicit"
@@ -197,6 +199,7 @@ class TrainConfig:
             H=self.H,
             d_ff=self.d_ff or 3 * self.C,
             dropout=self.dropout,
+            H_kv=self.H_kv,
         )
         if self.model == "v1":
             return v1

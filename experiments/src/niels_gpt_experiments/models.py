@@ -68,7 +68,8 @@ def n_params(model: nn.Module) -> int:
 def count_params(kind: ModelKind, cfg: ModelConfig) -> int:
     """Parameter count from the layer sizes alone, without building the model."""
     C, F = cfg.C, cfg.d_ff
-    attention = 3 * C * C + C * C  # fused qkv and proj, no biases
+    kv = 2 * cfg.kv_heads * (C // cfg.H)  # key and value widths: 2 * C unless H_kv < H
+    attention = (C + kv) * C + C * C  # fused qkv and proj, no biases
     if kind == "v1":
         mlp = 3 * C * F + 2 * F + C  # w_a, w_g (C -> F, bias), w_o (F -> C, bias)
         norms, final = 2 * C, C  # RMSNorm weights only

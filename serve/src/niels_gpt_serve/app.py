@@ -166,7 +166,7 @@ def create_app(
             run=served.run,
             step=served.step,
             params=sum(p.numel() for p in served.model.parameters()),
-            V=cfg.V, T=cfg.T, C=cfg.C, L=cfg.L, H=cfg.H, d_ff=cfg.d_ff,
+            V=cfg.V, T=cfg.T, C=cfg.C, L=cfg.L, H=cfg.H, H_kv=cfg.kv_heads, d_ff=cfg.d_ff,
             engine=batcher.engine.name,
             training=_training_info(served),
             max_new_tokens=min(limits.max_new_tokens, cfg.T - 1),

@@ -79,8 +79,8 @@ class CachedEngine:
 
     def _caches(self, rows: int) -> list[KVCache]:
         return [
-            KVCache(
-                rows, m.n_head, self.T, m.head_dim, dtype=m.qkv.weight.dtype, device=self.device
+            KVCache(  # key/value heads: fewer than H under grouped-query attention
+                rows, m.n_kv_head, self.T, m.head_dim, dtype=m.qkv.weight.dtype, device=self.device
             )
             for m in self.modules
         ]
@@ -127,16 +127,18 @@ class CachedEngine:
         caches = self._caches(len(keys))
         for layer, cache in enumerate(caches):
             head = self.modules[layer]
-            shape = (len(keys), head.n_head, width, head.head_dim)
-            k = torch.zeros(shape, dtype=head.qkv.weight.dtype, device=self.device)  # (R, H, w, D)
-            v = torch.zeros_like(k)  # (R, H, w, D)
+            shape = (len(keys), head.n_kv_head, width, head.head_dim)
+            k = torch.zeros(
+                shape, dtype=head.qkv.weight.dtype, device=self.device
+            )  # (R, H_kv, w, D)
+            v = torch.zeros_like(k)  # (R, H_kv, w, D)
             i = 0
             for frame, rows in parts:
                 old, p = frame.caches[layer], frame.width
                 for r in rows:
                     n = frame.lengths[r]
-                    k[i, :, width - n :] = old.keys[r, :, p - n : p]  # (H, n, D)
-                    v[i, :, width - n :] = old.values[r, :, p - n : p]  # (H, n, D)
+                    k[i, :, width - n :] = old.keys[r, :, p - n : p]  # (H_kv, n, D)
+                    v[i, :, width - n :] = old.values[r, :, p - n : p]  # (H_kv, n, D)
                     i += 1
             cache.append(k, v)
         return _Frame(keys, lengths, caches)

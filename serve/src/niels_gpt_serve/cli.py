@@ -186,7 +186,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     shown = f"[{host}]" if ":" in host else host
     cfg = served.config
     print(
-        f"niels-serve: {served.arch} (T={cfg.T} C={cfg.C} L={cfg.L} H={cfg.H}) from {where}, "
+        f"niels-serve: {served.arch} (T={cfg.T} C={cfg.C} L={cfg.L} H={cfg.H} "
+        f"H_kv={cfg.kv_heads}) from {where}, "
         f"step {served.step}{quantized}",
         flush=True,
     )

@@ -204,6 +204,7 @@ class ModelInfo(BaseModel):
     C: int
     L: int
     H: int
+    H_kv: int  # key/value heads; H unless the model uses grouped-query attention
     d_ff: int
     engine: str
     training: TrainingInfo
