@@ -104,9 +104,10 @@ def cache_rows_per_token(prompt: int, new: int) -> float:
 
 
 def cache_bytes(cfg: ModelConfig, batch: int, rows: float, itemsize: int) -> float:
-    """Bytes of keys and values read at ``rows`` positions: all layers, both tensors."""
+    """Bytes of keys and values read at ``rows`` positions: all layers, both tensors,
+    ``cfg.kv_heads`` heads (fewer than ``H`` under grouped-query attention)."""
     head_dim = cfg.C // cfg.H
-    return 2.0 * cfg.L * batch * cfg.H * head_dim * rows * itemsize
+    return 2.0 * cfg.L * batch * cfg.kv_heads * head_dim * rows * itemsize
 
 
 def bytes_per_token(model: nn.Module, cfg: ModelConfig, prompt: int, new: int,
