@@ -36,6 +36,7 @@ def _pair(device: torch.device, h_kv: int) -> tuple[CausalSelfAttention, CausalS
     return gqa, mha
 
 
+@pytest.mark.invariant("attention.config_fields")
 @pytest.mark.parametrize("h_kv", [1, 2, 3, 6])
 def test_sizes_and_heads(h_kv: int) -> None:
     attn = CausalSelfAttention(dataclasses.replace(CFG, H_kv=h_kv))
@@ -43,6 +44,7 @@ def test_sizes_and_heads(h_kv: int) -> None:
     assert attn.qkv.weight.shape == (CFG.C + 2 * h_kv * CFG.head_dim, CFG.C)
 
 
+@pytest.mark.invariant("attention.matches_reference")
 @pytest.mark.parametrize("h_kv", [1, 2, 3])
 def test_grouped_equals_repeated_heads_forward_backward_over_blocks(
     device: torch.device, h_kv: int
@@ -58,6 +60,9 @@ def test_grouped_equals_repeated_heads_forward_backward_over_blocks(
     torch.testing.assert_close(gqa.proj.weight.grad, mha.proj.weight.grad, rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.invariant("attention.cache_appends")
+@pytest.mark.invariant("attention.positions_rotate")
+@pytest.mark.invariant("attention.key_mask_hides")
 @pytest.mark.parametrize("h_kv", [1, 3])
 def test_cache_of_kv_heads_positions_and_key_mask(device: torch.device, h_kv: int) -> None:
     gqa, mha = _pair(device, h_kv)
@@ -76,6 +81,7 @@ def test_cache_of_kv_heads_positions_and_key_mask(device: torch.device, h_kv: in
         torch.testing.assert_close(torch.cat(parts, 1), mha(x), rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.invariant("attention.call_checked")
 def test_a_cache_of_query_heads_is_refused(device: torch.device) -> None:
     attn = CausalSelfAttention(dataclasses.replace(CFG, H_kv=2)).to(device)
     attn.kv_cache = KVCache(1, CFG.H, LONG, CFG.head_dim, dtype=torch.float32, device=device)
