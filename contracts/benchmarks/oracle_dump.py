@@ -36,7 +36,7 @@ from typing import Any
 from niels_gpt_contracts.sandbox import oracle_run
 from niels_gpt_contracts.sandbox.environment import Sandbox
 from niels_gpt_contracts.sandbox.oracle_run import Call, Job, Output
-from niels_gpt_contracts.spec import Spec, load_schema, parse_specs
+from niels_gpt_contracts.stagespec import Spec, load_schema, parse_specs
 from niels_gpt_contracts.verdict import oracle
 
 CAPTURE = "#capture"

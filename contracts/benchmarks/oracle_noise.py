@@ -27,7 +27,7 @@ from pathlib import Path
 from niels_gpt_contracts.sandbox import oracle_run
 from niels_gpt_contracts.sandbox.environment import Sandbox
 from niels_gpt_contracts.sandbox.oracle_run import Job
-from niels_gpt_contracts.spec import Spec, load_schema, parse_specs
+from niels_gpt_contracts.stagespec import Spec, load_schema, parse_specs
 from niels_gpt_contracts.verdict import oracle
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -21,9 +21,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from niels_gpt_contracts.checks.modules import namespaces
+from niels_gpt_contracts.checks.ownership.modules import namespaces
 from niels_gpt_contracts.sandbox.environment import Sandbox
-from niels_gpt_contracts.spec import Spec, load_schema, parse_specs
+from niels_gpt_contracts.stagespec import Spec, load_schema, parse_specs
 from niels_gpt_contracts.verdict import protocol
 
 ROOT = Path(__file__).resolve().parents[2]

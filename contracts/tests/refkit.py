@@ -33,7 +33,7 @@ from niels_gpt_contracts.result import Violation
 from niels_gpt_contracts.sandbox import oracle_run
 from niels_gpt_contracts.sandbox.environment import Sandbox
 from niels_gpt_contracts.sandbox.oracle_run import Job, Stream
-from niels_gpt_contracts.spec import Spec, load_schema, parse_specs
+from niels_gpt_contracts.stagespec import Spec, load_schema, parse_specs
 from niels_gpt_contracts.verdict.oracle_compare import Judge
 
 REPO = Path(__file__).resolve().parents[2]

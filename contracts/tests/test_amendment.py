@@ -16,10 +16,10 @@ import pytest
 from amendkit import ALPHA, amend, judge, row
 from gatekit import Repo, rules, valid_report
 
-from niels_gpt_contracts.checks.evidence_diff import compare_file
-from niels_gpt_contracts.checks.spec_diff import classify, worst
+from niels_gpt_contracts.checks.spec_changes.evidence_diff import compare_file
+from niels_gpt_contracts.checks.spec_changes.spec_diff import classify, worst
 from niels_gpt_contracts.cli import main
-from niels_gpt_contracts.spec import import_name
+from niels_gpt_contracts.stagespec import import_name
 
 SIG = "(x: list[float], *, turns: int = 1, label: str | None = None) -> list[float]"
 ACCEPT = "specs/alpha/tests/test_accept.py"

@@ -14,7 +14,7 @@ import pytest
 from amendkit import ALPHA, amend, judge, row
 from gatekit import Repo, rules
 
-from niels_gpt_contracts.checks.reexports import reexports_only
+from niels_gpt_contracts.checks.spec_changes.reexports import reexports_only
 
 
 def test_a_module_moved_into_a_package_of_its_own_is_additive(repo: Repo) -> None:

@@ -2,7 +2,7 @@
 
 An amendment may move a package's code out of its ``__init__.py`` into a
 module beside it when the module is the base's ``__init__.py`` to the letter
-and the ``__init__.py`` left behind only re-exports (``checks/reexports.py``;
+and the ``__init__.py`` left behind only re-exports (``checks/spec_changes/reexports.py``;
 the shapes are ``test_amendment.py``'s toy cases). Here the whole
 ``contracts check --base main --head HEAD`` judges maintainers' commits on
 the scenario repository of the real stages: rope's ``__init__.py`` is split

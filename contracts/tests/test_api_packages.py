@@ -17,7 +17,7 @@ from types import ModuleType
 
 import pytest
 
-from niels_gpt_contracts.checks import api
+from niels_gpt_contracts.checks.public_api import api
 
 PROBE = Path(api.__file__).with_name("_api_probe.py")
 

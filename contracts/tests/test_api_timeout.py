@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 from gatekit import Repo, rules
 
-from niels_gpt_contracts.checks import api
+from niels_gpt_contracts.checks.public_api import api
 
 PR = ("--stage", "beta", "--base", "main", "--head", "HEAD")
 BETA = "packages/beta/src/ngx/beta_mod.py"

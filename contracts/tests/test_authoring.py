@@ -19,10 +19,10 @@ import tomllib
 from gatekit import Repo
 
 from niels_gpt_contracts.authoring import freeze
-from niels_gpt_contracts.checks.loading import load_specs
+from niels_gpt_contracts.checks.context.loading import load_specs
 from niels_gpt_contracts.cli import main
 from niels_gpt_contracts.gitdiff import GitRepo, WorkingTree
-from niels_gpt_contracts.spec import ApiEntry, Spec
+from niels_gpt_contracts.stagespec import ApiEntry, Spec
 
 ROOT = Path(__file__).resolve().parents[2]
 STAGES = sorted(p.stem for p in (ROOT / "specs").glob("*.toml"))

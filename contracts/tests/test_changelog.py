@@ -14,7 +14,11 @@ import tomllib
 from amendkit import amend, judge, row
 from gatekit import Repo, rules
 
-from niels_gpt_contracts.checks.changelog import changelog_path, is_changelog, newest_version
+from niels_gpt_contracts.checks.spec_changes.changelog import (
+    changelog_path,
+    is_changelog,
+    newest_version,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 STAGES = sorted(p.stem for p in (ROOT / "specs").glob("*.toml"))

@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from niels_gpt_contracts.checks import importers
-from niels_gpt_contracts.checks.loading import load_specs
+from niels_gpt_contracts.checks.context import importers
+from niels_gpt_contracts.checks.context.loading import load_specs
 from niels_gpt_contracts.gitdiff import GitRepo, Tree, WorkingTree
-from niels_gpt_contracts.spec import Spec
+from niels_gpt_contracts.stagespec import Spec
 from niels_gpt_contracts.verdict import plan
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 from gatekit import Repo, rules
 
-from niels_gpt_contracts.checks.coverage import check_coverage, swept_axes
-from niels_gpt_contracts.checks.loading import load_specs
+from niels_gpt_contracts.checks.context.loading import load_specs
+from niels_gpt_contracts.checks.evidence.coverage import check_coverage, swept_axes
 from niels_gpt_contracts.gitdiff import GitRepo, Tree, WorkingTree
 from niels_gpt_contracts.sandbox.oracle_run import Call, Stream
-from niels_gpt_contracts.spec import Spec
+from niels_gpt_contracts.stagespec import Spec
 from niels_gpt_contracts.verdict.oracle import _unswept
 
 ROOT = Path(__file__).resolve().parents[2]

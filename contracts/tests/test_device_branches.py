@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from gatekit import Repo, rules
 
-from niels_gpt_contracts.checks.device_branches import sites
+from niels_gpt_contracts.checks.code.device_branches import sites
 
 PR = ("--stage", "beta", "--base", "main", "--head", "HEAD", "--no-api")
 BETA = "packages/beta/src/ngx/beta_mod.py"

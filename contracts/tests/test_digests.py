@@ -11,7 +11,7 @@ from niels_gpt_contracts.digests import Digest, file_digest, tree_digests
 
 SOURCE = Path(niels_gpt_contracts.__file__).resolve().parent
 # Hashes of no file or tree: the schema cache's key, a SARIF result's fingerprint.
-NOT_TREES = {"digests.py", "spec/schema.py", "reporters/sarif.py"}
+NOT_TREES = {"digests.py", "stagespec/schema.py", "reporters/sarif.py"}
 
 
 def test_parts_are_ended_so_they_cannot_run_together() -> None:

@@ -191,7 +191,7 @@ def test_an_oracle_row_names_the_module_the_pr_changed() -> None:
     else the first that holds code."""
     from pathlib import Path
 
-    from niels_gpt_contracts.checks.loading import load_specs
+    from niels_gpt_contracts.checks.context.loading import load_specs
     from niels_gpt_contracts.gitdiff import GitRepo, WorkingTree
     from niels_gpt_contracts.verdict.oracle_compare import Judge
 

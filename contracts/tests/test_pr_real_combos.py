@@ -2,7 +2,7 @@
 
 A user stacks the fast path on a KV cache (and padding on both); the fast
 path's kernel then serves cached chunks and decode steps. A fastpath PR is
-judged by the stages that run the fast path (``checks.importers``: kv_cache's
+judged by the stages that run the fast path (``checks.context.importers``: kv_cache's
 and padding's tests and drivers import it), whose oracle drivers drive fast
 models through a cache. As in ``test_pr_real_attention``, each attack's harm
 is shown first by a user-like probe on the PR's code and its absence on the

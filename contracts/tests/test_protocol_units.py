@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from safetensors.torch import save
 from torch import nn
 
-from niels_gpt_contracts.checks.loading import load_specs
+from niels_gpt_contracts.checks.context.loading import load_specs
 from niels_gpt_contracts.gitdiff import GitRepo, WorkingTree
 from niels_gpt_contracts.sandbox import oracle_run, protocol_run
 from niels_gpt_contracts.sandbox.protocol_run import Answer

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from niels_gpt_contracts.rules import rule_kinds
-from niels_gpt_contracts.spec import load_schema, parse_spec
+from niels_gpt_contracts.stagespec import load_schema, parse_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 RULE = '\n[[rules]]\nid = "flat"\nkind = "max_nesting"\nmessage = "m"\nfiles = ["src/**"]\n'

@@ -12,7 +12,7 @@ import pytest
 import niels_gpt_contracts.rules.kinds as kinds_package
 from niels_gpt_contracts.errors import SpecErrors
 from niels_gpt_contracts.rules import RuleKind, rule_kinds
-from niels_gpt_contracts.spec import RUNTIME_KINDS, load_schema, parse_spec
+from niels_gpt_contracts.stagespec import RUNTIME_KINDS, load_schema, parse_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA_TEXT = (ROOT / "specs" / "spec.schema.json").read_text()

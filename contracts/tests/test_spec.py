@@ -7,7 +7,7 @@ from pathlib import Path
 import tomllib
 from packaging.requirements import Requirement
 
-from niels_gpt_contracts.spec import load_schema, parse_specs
+from niels_gpt_contracts.stagespec import load_schema, parse_specs
 from niels_gpt_contracts.tomllines import key_lines
 
 ROOT = Path(__file__).resolve().parents[2]

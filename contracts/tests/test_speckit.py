@@ -18,10 +18,10 @@ from gatekit import Repo, rules
 from test_closure import Texts
 
 from niels_gpt_contracts import fingerprint
-from niels_gpt_contracts.checks import importers, speckit
-from niels_gpt_contracts.checks.loading import load_specs
+from niels_gpt_contracts.checks.context import importers, speckit
+from niels_gpt_contracts.checks.context.loading import load_specs
 from niels_gpt_contracts.gitdiff import GitRepo, WorkingTree
-from niels_gpt_contracts.spec import Spec
+from niels_gpt_contracts.stagespec import Spec
 from niels_gpt_contracts.verdict import files
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -3,7 +3,7 @@
 ``build_parser`` gives the ``argparse`` parser of ``check``, ``mutants``,
 ``pr`` and ``prepare`` (and the maintainers' ``spec api`` and ``new-stage``,
 ``authoring.commands``); a usage error (an unknown option, a device outside
-``checks.devices.DEVICES``) prints the usage and exits ``EXIT_ERROR`` (2),
+``checks.evidence.devices.DEVICES``) prints the usage and exits ``EXIT_ERROR`` (2),
 never 0. ``pre_push_refs`` turns ``check --pre-push`` into the base and head
 pre-commit's pre-push stage gives, and raises ``ConfigError`` when it gives
 none. What each subcommand then does is ``cli``'s.
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from niels_gpt_contracts.authoring import commands as authoring_commands
-from niels_gpt_contracts.checks.devices import DEVICES
+from niels_gpt_contracts.checks.evidence.devices import DEVICES
 from niels_gpt_contracts.errors import ConfigError
 from niels_gpt_contracts.mutants import runner as mutants_runner
 from niels_gpt_contracts.reporters import FORMATS

@@ -15,7 +15,7 @@ so no test of the stage can be missing from the list. ``merge`` lays a run
 over the previous report: each stage the run collected gets the run's
 section, its tests' outcomes replace the old ones, and a stage it did not
 touch keeps its old section and outcomes. The gate then judges each stage on
-its own section (``checks.staleness``): fresh when the key is the tree's and
+its own section (``checks.evidence.staleness``): fresh when the key is the tree's and
 every collected test has an outcome under that key.
 
 Imports nothing from the checker: the plugin and the gate both use it.

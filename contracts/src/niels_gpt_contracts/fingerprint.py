@@ -40,7 +40,10 @@ __all__ = ["Fingerprint", "imported_names", "owner", "stage_keys", "tree"]
 
 PATTERNS = ("packages/*/src", "packages/*/tests", "specs/*/tests", "specs/_kit")
 ROOT_FILES = ("conftest.py", "pyproject.toml")
-KIT = ("specs", "_kit")  # the spec kit (``checks.speckit``), part of the stages declaring it
+KIT = (
+    "specs",
+    "_kit",
+)  # the spec kit (``checks.context.speckit``), part of the stages declaring it
 KIT_KEY = "_kit"  # its files' bucket; no stage id starts with "_"
 
 

@@ -3,7 +3,7 @@
 A ``conftest.py`` next to the tests, a ``sitecustomize.py`` or
 ``usercustomize.py`` or ``*.pth`` file on the path, an ini or ``setup.*`` file
 that adds options or plugins: each runs code nobody asked for. Two layers
-need the same list: ``checks.autoload`` forbids a stage PR to change one
+need the same list: ``checks.ownership.autoload`` forbids a stage PR to change one
 (``path.autoload``), and ``sandbox.workspace`` never writes one out for a
 sandboxed run. It lives here, below both, and imports nothing.
 """

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from niels_gpt_contracts.checks.loading import load_specs
+from niels_gpt_contracts.checks.context.loading import load_specs
 from niels_gpt_contracts.errors import ConfigError, SpecErrors
 from niels_gpt_contracts.gitdiff import GitRepo, WorkingTree
 

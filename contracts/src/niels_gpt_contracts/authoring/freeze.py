@@ -21,7 +21,7 @@ alone, else with its public methods and dunders, inherited from the stages'
 code included (griffe does not read torch, so ``nn.Module``'s are not), and
 its fields unless it is a dataclass (whose fields are its ``__init__``).
 Constants and type aliases are not pinned.
-Signatures are spelled as ``checks.signatures.render`` writes them, so a
+Signatures are spelled as ``checks.public_api.signatures.render`` writes them, so a
 frozen table compares with a hand-written one as the API check compares
 (``differences``).
 """
@@ -38,9 +38,14 @@ from typing import Any
 
 import griffe
 
-from niels_gpt_contracts.checks.signatures import compare_signatures, norm, parse_signature, render
+from niels_gpt_contracts.checks.public_api.signatures import (
+    compare_signatures,
+    norm,
+    parse_signature,
+    render,
+)
 from niels_gpt_contracts.errors import ConfigError
-from niels_gpt_contracts.spec import ApiEntry, Spec
+from niels_gpt_contracts.stagespec import ApiEntry, Spec
 
 _KINDS = {
     griffe.ParameterKind.positional_only: "POSITIONAL_ONLY",
@@ -109,7 +114,7 @@ def needed_modules(spec: Spec) -> list[str]:
 
 
 def signature(func: griffe.Function) -> dict[str, Any]:
-    """A function's signature in the probe's normalised form (``checks.signatures``)."""
+    """A function's signature in the probe's normalised form (``checks.public_api.signatures``)."""
     params: list[list[str | None]] = []
     for p in func.parameters:
         kind = _KINDS[p.kind]

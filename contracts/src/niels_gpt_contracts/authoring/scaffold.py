@@ -31,11 +31,11 @@ from pathlib import Path
 import tomllib
 
 from niels_gpt_contracts.authoring import freeze
-from niels_gpt_contracts.checks.changelog import changelog_path
-from niels_gpt_contracts.checks.loading import load_specs
+from niels_gpt_contracts.checks.context.loading import load_specs
+from niels_gpt_contracts.checks.spec_changes.changelog import changelog_path
 from niels_gpt_contracts.errors import ConfigError
 from niels_gpt_contracts.gitdiff import GitRepo, WorkingTree
-from niels_gpt_contracts.spec import Spec
+from niels_gpt_contracts.stagespec import Spec
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 

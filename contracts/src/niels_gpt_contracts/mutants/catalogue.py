@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from niels_gpt_contracts.errors import SpecError, SpecErrors
-from niels_gpt_contracts.spec import Spec, import_name
+from niels_gpt_contracts.stagespec import Spec, import_name
 from niels_gpt_contracts.tomllines import key_lines, line_of
 
 SRC_MARKER = "/src/"

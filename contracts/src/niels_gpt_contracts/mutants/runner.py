@@ -27,9 +27,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from niels_gpt_contracts.checks import invariants
-from niels_gpt_contracts.checks.loading import load_specs
-from niels_gpt_contracts.checks.modules import namespaces
+from niels_gpt_contracts.checks.context.loading import load_specs
+from niels_gpt_contracts.checks.evidence import invariants
+from niels_gpt_contracts.checks.ownership.modules import namespaces
 from niels_gpt_contracts.errors import ConfigError
 from niels_gpt_contracts.gitdiff import GitRepo, WorkingTree
 from niels_gpt_contracts.mutants import hints as hint_file
@@ -40,7 +40,7 @@ from niels_gpt_contracts.mutants.launcher import Launcher, TestEnv
 from niels_gpt_contracts.mutants.schedule import Outcome, Scheduler, Todo
 from niels_gpt_contracts.mutants.store import Cache
 from niels_gpt_contracts.sandbox.environment import Sandbox
-from niels_gpt_contracts.spec import Spec
+from niels_gpt_contracts.stagespec import Spec
 
 __all__ = ["Cache", "Fate", "MutantsResult", "Options", "Plan", "Status", "execute", "run"]
 

@@ -24,7 +24,7 @@ from urllib.parse import quote
 from niels_gpt_contracts.reporters.common import ordered, summary
 from niels_gpt_contracts.reporters.rule_index import RULES, rule_doc, spec_rule
 from niels_gpt_contracts.result import Result, RuleDoc, Violation
-from niels_gpt_contracts.spec import spec_path
+from niels_gpt_contracts.stagespec import spec_path
 
 SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 TOOL = "niels-gpt-contracts"

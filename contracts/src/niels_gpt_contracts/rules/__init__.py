@@ -4,7 +4,7 @@ it is defined), ``RuleDoc`` (the three texts SARIF shows of a rule id) and
 ``RuleKind`` (a kind of spec rule, one module of ``rules.kinds``).
 
 A fixed rule is a ``Rule`` object defined beside the code that emits it
-(``checks.paths`` defines ``path.meta``, ``verdict.ratchet`` ``tests.failed``);
+(``checks.ownership.paths`` defines ``path.meta``, ``verdict.ratchet`` ``tests.failed``);
 defining it registers it (``registered``), the way ruff keeps a rule's
 documentation with its implementation. A spec-defined id (``static.<id>``,
 ``runtime.<id>``) is described by its spec, stage by stage: two stages may

@@ -6,8 +6,8 @@ fragment), the checks a schema cannot express, what it checks in words, and
 the check itself (``None`` for a runtime kind, whose driver ``contracts pr``
 runs). Defining a ``RuleKind`` registers it; ``rule_kinds`` imports every
 module of ``rules.kinds`` and returns the registry, from which the spec
-schema's ``rules`` section is assembled (``spec.schema``), a spec's rules are
-validated (``spec.parse``) and judged (``checks.static``). Adding a kind is
+schema's ``rules`` section is assembled (``stagespec.schema``), a spec's rules are
+validated (``stagespec.parse``) and judged (``checks.code.static``). Adding a kind is
 adding one module there.
 """
 

@@ -231,7 +231,7 @@ class Oracle:
         ``computes_in`` is the dtype the arithmetic runs in when it is narrower
         than an output's (bfloat16 autocast returns float32 probabilities
         computed from bfloat16 products): the bound then uses its ``eps``;
-        ``axes`` are the spec's domain axes this call sweeps (``checks/coverage``).
+        ``axes`` are the spec's domain axes this call sweeps (``checks/evidence/coverage``).
         """
         if not self._run(name):
             return

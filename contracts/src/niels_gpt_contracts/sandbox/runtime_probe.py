@@ -10,7 +10,7 @@ from pathlib import Path
 from niels_gpt_contracts import specpath
 from niels_gpt_contracts.sandbox import processes
 from niels_gpt_contracts.sandbox.environment import Sandbox
-from niels_gpt_contracts.spec import Rule
+from niels_gpt_contracts.stagespec import Rule
 
 PROBE = Path(__file__).with_name("_runtime_probe.py")
 

@@ -30,7 +30,7 @@ import numpy as np
 from niels_gpt_contracts.result import Violation
 from niels_gpt_contracts.rules import Rule
 from niels_gpt_contracts.sandbox.oracle_run import Call
-from niels_gpt_contracts.spec import Spec
+from niels_gpt_contracts.stagespec import Spec
 
 # The rules this module emits, each with what SARIF shows of it; defining one
 # registers it (``rules.registry``).
@@ -223,7 +223,8 @@ def depends(
     specs: Mapping[str, Spec], uses: Mapping[str, set[str]] | None = None
 ) -> dict[str, set[str]]:
     """Every stage each stage depends on or uses (its files import it: ``uses``, from
-    ``checks.importers``, the edges the PR's closure follows), directly or through others."""
+    ``checks.context.importers``, the edges the PR's closure follows), directly or
+    through others."""
     out: dict[str, set[str]] = {}
 
     def edges(stage: str) -> list[str]:

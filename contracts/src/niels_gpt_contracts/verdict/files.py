@@ -15,11 +15,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from niels_gpt_contracts.checks import pr_context, speckit
+from niels_gpt_contracts.checks.context import pr_context, speckit
 from niels_gpt_contracts.errors import ConfigError
 from niels_gpt_contracts.gitdiff import Tree
 from niels_gpt_contracts.sandbox import workspace
-from niels_gpt_contracts.spec import Spec
+from niels_gpt_contracts.stagespec import Spec
 from niels_gpt_contracts.verdict import plan
 
 
@@ -62,7 +62,7 @@ def write_workspace(ctx: pr_context.PrContext, p: plan.Plan, root: Path) -> Work
 
 def kit_files(tree: Tree, specs: Iterable[Spec]) -> list[str]:
     """The spec kit files in ``tree`` that ``specs`` declare, or reach through the kit's
-    own imports (``checks.speckit``)."""
+    own imports (``checks.context.speckit``)."""
     kit = speckit.kit_texts(tree.files(), tree.read_many)
     return speckit.files_used({m for s in specs for m in speckit.declared(s)}, kit)
 

@@ -19,7 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from niels_gpt_contracts.checks import invariants, pr_context
+from niels_gpt_contracts.checks.context import pr_context
+from niels_gpt_contracts.checks.evidence import invariants
 from niels_gpt_contracts.errors import ConfigError
 from niels_gpt_contracts.mutants import fates, hints, proof
 from niels_gpt_contracts.mutants.launcher import TestEnv

@@ -35,14 +35,14 @@ from pathlib import Path
 from typing import Any
 
 from niels_gpt_contracts import specpath
-from niels_gpt_contracts.checks import pr_context
-from niels_gpt_contracts.checks.modules import namespaces
+from niels_gpt_contracts.checks.context import pr_context
+from niels_gpt_contracts.checks.ownership.modules import namespaces
 from niels_gpt_contracts.errors import ConfigError
 from niels_gpt_contracts.result import BROKEN, KEPT, NOT_RUN, Outcome, Violation
 from niels_gpt_contracts.sandbox import oracle_run, workspace
 from niels_gpt_contracts.sandbox.environment import Sandbox
 from niels_gpt_contracts.sandbox.oracle_run import Job, Stream
-from niels_gpt_contracts.spec import Spec
+from niels_gpt_contracts.stagespec import Spec
 from niels_gpt_contracts.verdict import explain, files, oracle_aftermath, plan, repro
 from niels_gpt_contracts.verdict.integrity import SANDBOX_TAMPERED
 from niels_gpt_contracts.verdict.oracle_compare import ORACLE_ERROR, Judge, differs_from
@@ -257,7 +257,7 @@ def _literal(name: str) -> str:
 def _unswept(stages: list[Spec], trusted: list[Stream]) -> str | None:
     """The first declared axis (``[oracle].axes``) no trusted call of its stage carried.
 
-    The static check (``checks/coverage``) reads the drivers; this one sees what ran.
+    The static check (``checks/evidence/coverage``) reads the drivers; this one sees what ran.
     A call that raised sweeps only the ``errors`` axis: a driver whose magnitude
     calls all raise (a keyword the API does not take, say) judges no magnitude.
     """

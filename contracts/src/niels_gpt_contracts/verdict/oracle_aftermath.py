@@ -28,7 +28,7 @@ import msgspec
 from niels_gpt_contracts.decoding import Malformed, convert
 from niels_gpt_contracts.rules import Rule
 from niels_gpt_contracts.sandbox.oracle_run import Stream
-from niels_gpt_contracts.spec import Spec
+from niels_gpt_contracts.stagespec import Spec
 from niels_gpt_contracts.verdict.oracle_compare import Judge
 
 # The rules this module emits, each with what SARIF shows of it; defining one

@@ -20,7 +20,7 @@ from typing import Any
 from niels_gpt_contracts.result import Violation
 from niels_gpt_contracts.rules import Rule
 from niels_gpt_contracts.sandbox.oracle_run import Call, Stream
-from niels_gpt_contracts.spec import Spec
+from niels_gpt_contracts.stagespec import Spec
 from niels_gpt_contracts.verdict import explain, tolerance
 from niels_gpt_contracts.verdict.explain import ORACLE_DIFFERS, ORACLE_INVARIANT
 

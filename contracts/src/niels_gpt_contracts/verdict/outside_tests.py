@@ -21,8 +21,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from niels_gpt_contracts.checks import name_rules
-from niels_gpt_contracts.checks.modules import namespaces
+from niels_gpt_contracts.checks.code import name_rules
+from niels_gpt_contracts.checks.ownership.modules import namespaces
 from niels_gpt_contracts.result import KEPT, Outcome
 from niels_gpt_contracts.verdict import oracle, protocol, weakened
 

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from niels_gpt_contracts.gitdiff import Change
-from niels_gpt_contracts.spec import Rule, Spec, compile_patterns
+from niels_gpt_contracts.stagespec import Rule, Spec, compile_patterns
 
 TEST_FILE = compile_patterns(["test_*.py", "*_test.py"])
 
@@ -60,7 +60,7 @@ def closure(
     touched: set[str], specs: Mapping[str, Spec], uses: Mapping[str, set[str]] | None = None
 ) -> list[Spec]:
     """The touched stages and every stage that depends on one or uses one, transitively,
-    in spec order. ``uses``: stage -> the stages its files import (``checks.importers``)."""
+    in spec order. ``uses``: stage -> the stages its files import (``checks.context.importers``)."""
     found = set(touched)
     edges = {s.id: set(s.depends_on) | set((uses or {}).get(s.id, ())) for s in specs.values()}
     changed = True
@@ -89,7 +89,7 @@ def make_plan(
     """Decide the runs from the base's specs, the diff and both trees' file lists.
 
     ``rejected``: paths the path check found violations on (never taken from the head);
-    ``uses``: the base's import edges between stages (``checks.importers.uses``).
+    ``uses``: the base's import edges between stages (``checks.context.importers.uses``).
     """
     touched = {stage.id} | {
         s.id

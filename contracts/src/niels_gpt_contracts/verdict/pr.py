@@ -45,22 +45,18 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from niels_gpt_contracts import device_probe
-from niels_gpt_contracts.checks import (
-    amendment,
-    api,
-    devices,
-    importers,
-    invariants,
-    pr_context,
-)
-from niels_gpt_contracts.checks.modules import namespaces
+from niels_gpt_contracts.checks.context import importers, pr_context
+from niels_gpt_contracts.checks.evidence import devices, invariants
+from niels_gpt_contracts.checks.ownership.modules import namespaces
+from niels_gpt_contracts.checks.public_api import api
 from niels_gpt_contracts.errors import ConfigError
 from niels_gpt_contracts.mutants.store import Cache
 from niels_gpt_contracts.result import Outcome, Result, Violation
 from niels_gpt_contracts.sandbox import confine, env_trust, processes, runtime_probe, workspace
 from niels_gpt_contracts.sandbox.environment import Sandbox
-from niels_gpt_contracts.spec import Rule
+from niels_gpt_contracts.stagespec import Rule
 from niels_gpt_contracts.verdict import (
+    amendment,
     files,
     integrity,
     outside_tests,

@@ -29,15 +29,15 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from niels_gpt_contracts.checks import pr_context
-from niels_gpt_contracts.checks.modules import namespaces
+from niels_gpt_contracts.checks.context import pr_context
+from niels_gpt_contracts.checks.ownership.modules import namespaces
 from niels_gpt_contracts.digests import file_digest
 from niels_gpt_contracts.errors import ConfigError
 from niels_gpt_contracts.gitdiff import GitRepo
 from niels_gpt_contracts.result import BROKEN, KEPT, NOT_RUN, Outcome, Violation
 from niels_gpt_contracts.sandbox import confine, protocol_run, workspace
 from niels_gpt_contracts.sandbox.environment import Sandbox, Snapshot
-from niels_gpt_contracts.spec import Spec
+from niels_gpt_contracts.stagespec import Spec
 from niels_gpt_contracts.verdict import plan
 from niels_gpt_contracts.verdict.integrity import SANDBOX_TAMPERED
 from niels_gpt_contracts.verdict.protocol_rules import PROTOCOL_ERROR, Pair, judge

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from niels_gpt_contracts.result import Violation
 from niels_gpt_contracts.sandbox.runtime_probe import ProbeRun, rule_key
-from niels_gpt_contracts.spec import Rule, Spec
+from niels_gpt_contracts.stagespec import Rule, Spec
 
 
 def judge(rules: Sequence[tuple[Spec, Rule]], probe: ProbeRun, stage: str) -> list[Violation]:

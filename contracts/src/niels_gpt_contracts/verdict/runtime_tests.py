@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from niels_gpt_contracts.result import Violation
 from niels_gpt_contracts.sandbox.pytest_run import PytestRun
-from niels_gpt_contracts.spec import Rule, Spec
+from niels_gpt_contracts.stagespec import Rule, Spec
 from niels_gpt_contracts.verdict import plan
 
 

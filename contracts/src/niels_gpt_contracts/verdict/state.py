@@ -13,7 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from niels_gpt_contracts.checks import invariants, pr_context
+from niels_gpt_contracts.checks.context import pr_context
+from niels_gpt_contracts.checks.evidence import invariants
 from niels_gpt_contracts.mutants.store import Cache
 from niels_gpt_contracts.result import Outcome, Result
 from niels_gpt_contracts.sandbox.environment import Sandbox

@@ -18,27 +18,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from niels_gpt_contracts import fingerprint
-from niels_gpt_contracts.checks import (
-    amendment,
-    api,
-    autoload,
-    coverage,
-    device_branches,
-    devices,
-    invariants,
-    modules,
-    name_rules,
-    paths,
-    pr_context,
-    source,
-    speckit,
-    static,
-)
-from niels_gpt_contracts.checks.loading import load_specs, pick
+from niels_gpt_contracts.checks.code import device_branches, name_rules, source, static
+from niels_gpt_contracts.checks.context import pr_context, speckit
+from niels_gpt_contracts.checks.context.loading import load_specs, pick
+from niels_gpt_contracts.checks.evidence import coverage, devices, invariants
+from niels_gpt_contracts.checks.ownership import autoload, modules, paths
+from niels_gpt_contracts.checks.public_api import api
 from niels_gpt_contracts.errors import ConfigError
 from niels_gpt_contracts.gitdiff import GitRepo, Tree, WorkingTree
 from niels_gpt_contracts.result import BROKEN, KEPT, NOT_RUN, Outcome, Result, SpecRule, Violation
-from niels_gpt_contracts.spec import SPECS_DIR, Spec
+from niels_gpt_contracts.stagespec import SPECS_DIR, Spec
+from niels_gpt_contracts.verdict import amendment
 
 
 @dataclass

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from niels_gpt_contracts.checks import devices
+from niels_gpt_contracts.checks.evidence import devices
 from niels_gpt_contracts.result import Violation
 from niels_gpt_contracts.sandbox import pytest_run, workspace
 from niels_gpt_contracts.sandbox.environment import Sandbox

@@ -17,7 +17,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from niels_gpt_contracts.checks import invariants, pr_context
+from niels_gpt_contracts.checks.context import pr_context
+from niels_gpt_contracts.checks.evidence import invariants
 from niels_gpt_contracts.errors import ConfigError
 from niels_gpt_contracts.mutants import proof
 from niels_gpt_contracts.mutants.launcher import TestEnv
