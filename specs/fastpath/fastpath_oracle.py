@@ -38,7 +38,7 @@ from niels_gpt.model.gpt import GPT
 if TYPE_CHECKING:
     from niels_gpt_contracts.driverkit import Oracle
 
-COMBOS = ("combos",)  # spec axes these calls sweep (checks/coverage reads the literals)
+COMBOS = ("combos",)  # spec axes these calls sweep (checks/evidence/coverage reads the literals)
 ERRORS = ("errors",)
 
 LENGTHS = (1, 2, 127, 128, 129, 255, 256, 257, 511, 512, 513, 767, 1024)

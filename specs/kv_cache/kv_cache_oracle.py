@@ -52,7 +52,7 @@ if TYPE_CHECKING:
     from niels_gpt_contracts.driverkit import Oracle
 
 DECODE, GENERATE = ("no-cat-on-decode",), ("no-cat-in-generate",)
-COMBOS = ("combos",)  # spec axes these calls sweep (checks/coverage reads the literals)
+COMBOS = ("combos",)  # spec axes these calls sweep (checks/evidence/coverage reads the literals)
 ERRORS = ("errors",)
 CHUNK = 8  # cached chunks of every size 1..CHUNK
 SPANS = ((0, 42), (300, 320))  # columns fed through the cache: cache lengths 0..41, 300..319

@@ -47,7 +47,7 @@ from niels_gpt.model.padding import (
 if TYPE_CHECKING:
     from niels_gpt_contracts.driverkit import Oracle
 
-COMBOS = ("combos",)  # spec axes these calls sweep (checks/coverage reads the literals)
+COMBOS = ("combos",)  # spec axes these calls sweep (checks/evidence/coverage reads the literals)
 ERRORS = ("errors",)
 
 

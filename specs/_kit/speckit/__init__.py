@@ -33,5 +33,5 @@ judged as that stage's evidence by their path, not by a package name.
 
 A spec declares the kit modules its files import (``[oracle] kit``); the
 checker derives a kit file's users from those declarations and refuses an
-import a spec does not declare (``checks.speckit`` in the checker).
+import a spec does not declare (``checks.context.speckit`` in the checker).
 """
