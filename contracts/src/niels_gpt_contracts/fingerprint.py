@@ -45,6 +45,7 @@ KIT = (
     "_kit",
 )  # the spec kit (``checks.context.speckit``), part of the stages declaring it
 KIT_KEY = "_kit"  # its files' bucket; no stage id starts with "_"
+KIT_PACKAGE = "speckit"  # the package under specs/_kit that spec-side files import
 
 
 class Fingerprint(str):
@@ -116,18 +117,35 @@ def _requirement_name(text: str) -> str | None:
         return None
 
 
-def _kit_users(root: Path) -> set[str]:
-    """The stages whose ``specs/<stage>.toml`` declares spec kit modules; a spec that
-    does not parse declares none (the gate refuses it)."""
-    found = set()
+def _kit_users(root: Path) -> dict[str, set[str]]:
+    """The stages whose ``specs/<stage>.toml`` declares spec kit modules, with those
+    modules; a spec that does not parse declares none (the gate refuses it)."""
+    found: dict[str, set[str]] = {}
     for path in sorted(root.glob("specs/*.toml")):
         try:
             oracle = tomllib.loads(path.read_text(encoding="utf-8")).get("oracle", {})
         except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
             continue
         if isinstance(oracle, dict) and oracle.get("kit"):
-            found.add(path.stem)
+            found[path.stem] = {str(m) for m in oracle["kit"]}
     return found
+
+
+def _kit_reach(declared: set[str], kit_imports: dict[str, set[str]]) -> set[str]:
+    """What the kit modules a stage declares import, through the kit's own imports of
+    each other (``model_sweeps`` loads ``sweeps``) and its ``__init__``: a stage whose
+    kit is torch-only does not reach the stages another kit module builds on."""
+    seen, todo = set(), {*declared, "__init__"}
+    while todo:
+        module = todo.pop()
+        if module in seen or module not in kit_imports:
+            continue
+        seen.add(module)
+        for name in kit_imports[module]:
+            package, _, leaf = name.partition(".")
+            if package == KIT_PACKAGE:
+                todo.add(leaf or "__init__")
+    return {name for m in seen for name in kit_imports[m]}
 
 
 def _module_of(rel: tuple[str, ...]) -> str | None:
@@ -175,7 +193,7 @@ def _hash(root: Path) -> tuple[str, dict[str, str]]:
     shared = Digest()
     modules: dict[str, str] = {}  # module name -> the stage whose src holds it
     imports: dict[str, set[str]] = {}  # stage -> modules its tests import
-    kit_imports: set[str] = set()  # modules the spec kit imports
+    kit_imports: dict[str, set[str]] = {}  # kit module (file stem) -> what it imports
     for path in _files(root):
         rel = path.relative_to(root).parts
         data = path.read_bytes()
@@ -187,7 +205,7 @@ def _hash(root: Path) -> tuple[str, dict[str, str]]:
         if len(rel) == 1 and rel[0] in ROOT_FILES:
             shared.add(name, data)
         if rel[:2] == KIT and path.suffix == ".py":
-            kit_imports.update(imported_names(data, strings=True))
+            kit_imports.setdefault(path.stem, set()).update(imported_names(data, strings=True))
         if (module := _module_of(rel)) is not None and stage is not None:
             modules[module] = stage
         if stage is not None and "tests" in rel[2:3] and path.suffix == ".py":
@@ -197,8 +215,8 @@ def _hash(root: Path) -> tuple[str, dict[str, str]]:
     # A stage's tests depend on the stages its package declares and on those
     # whose modules they import (kv_cache's tests run the fast path).
     edges = {stage: set(deps) for stage, deps in _dependencies(root).items()}
-    for stage in _kit_users(root):  # on the spec kit they declare, and on what it imports
-        imports.setdefault(stage, set()).update(kit_imports)
+    for stage, declared in _kit_users(root).items():  # the kit they declare, what it imports
+        imports.setdefault(stage, set()).update(_kit_reach(declared, kit_imports))
         edges.setdefault(stage, set()).add(KIT_KEY)
     for stage, names in imports.items():
         edges.setdefault(stage, set()).update(modules[n] for n in names if n in modules)
