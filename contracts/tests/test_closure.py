@@ -46,11 +46,12 @@ def test_a_fastpath_change_brings_the_stages_that_run_the_fast_path() -> None:
     assert _ids(plan.closure({"fastpath"}, specs)) == ["fastpath"]  # depends_on alone
     assert _ids(plan.closure({"fastpath"}, specs, uses)) == [
         "fastpath",
+        "gqa",  # its driver and acceptance tests run grouped heads through the fast path
         "kv_cache",
         "padding",
         "quant",  # its composition tests and driver run the fast path
     ]
-    assert _ids(plan.closure({"padding"}, specs, uses)) == ["padding", "quant"]
+    assert _ids(plan.closure({"padding"}, specs, uses)) == ["gqa", "padding", "quant"]
     assert _ids(plan.closure({"quant"}, specs, uses)) == ["quant"]
 
 

@@ -21,9 +21,7 @@ PROJECT = (
 ATTEND = (
     "        out, probs = self._core(q, k, v, p, key_mask, return_attn, plain)  # (B, T, H, D)\n"
 )
-DROP_PROBS = (
-    "            block = self.attn_dropout(probs).to(v.dtype) @ v[:, :, :r1]  # (B, H, R, D)\n"
-)
+DROP_PROBS = "            kept = self.attn_dropout(probs).to(v.dtype)  # (B, H, R, r1)\n"
 SETUP = """
 import torch
 from niels_gpt.config import ModelConfig

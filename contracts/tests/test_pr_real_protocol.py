@@ -35,7 +35,10 @@ SDPA = "packages/fastpath/src/niels_gpt/model/fastpath/sdpa.py"
 CACHE = "packages/kv_cache/src/niels_gpt/model/kv_cache/cache.py"
 ROPE = "packages/rope/src/niels_gpt/model/rope/rotary.py"
 DROPOUTS = "        self.resid_dropout = nn.Dropout(cfg.dropout)\n"
-QKV = "        q, k, v = self.qkv(x).split(C, dim=-1)  # (B, T, C) each, views of one buffer\n"
+QKV = (
+    "        q, k, v = self.qkv(x).split((C, Hk * D, Hk * D), dim=-1)"
+    "  # (B, T, C), (B, T, Hk*D) x2\n"
+)
 SWIGLU = "        h = F.silu(g) * a  # (B, T, F)\n"
 BLOCK_MLP = "        x = x + self.dropout(self.mlp(self.ln2(x)))  # (B, T, C)\n"
 SETUP = "import torch\nfrom niels_gpt.config import ModelConfig\n"
@@ -74,8 +77,8 @@ def test_attention_that_keeps_a_copy_of_its_weight_is_refused(real_repo: RealRep
         QKV,
         "        if not torch.is_grad_enabled():  # decode: a contiguous W^T read once\n"
         '            if getattr(self, "_wt", None) is None:\n'
-        "                self._wt = self.qkv.weight.t().contiguous()  # (C, 3C)\n"
-        "            q, k, v = (x @ self._wt).split(C, dim=-1)  # (B, T, C) each\n"
+        "                self._wt = self.qkv.weight.t().contiguous()  # (C, C + 2 H_kv D)\n"
+        "            q, k, v = (x @ self._wt).split((C, Hk * D, Hk * D), dim=-1)\n"
         "        else:\n"
         "    " + QKV,
     )

@@ -26,13 +26,14 @@ RULE_PACKAGES = (
 
 
 def emitting_modules() -> list[str]:
-    """The names of every module of ``RULE_PACKAGES``, sandbox scripts (``_*``) left out."""
+    """The names of every module of ``RULE_PACKAGES`` and of their subpackages
+    (``checks.code``...), sandbox scripts (``_*``) left out."""
     names: list[str] = []
     for package in RULE_PACKAGES:
         path = importlib.import_module(package).__path__
         names += [
             m.name
-            for m in pkgutil.iter_modules(path, f"{package}.")
+            for m in pkgutil.walk_packages(path, f"{package}.")
             if not m.name.rsplit(".", 1)[1].startswith("_")
         ]
     return names
