@@ -99,6 +99,25 @@ def held_bytes(before: set[int]) -> int:
     return sum(n for ptr, n in _storages().items() if ptr not in before and ptr != 0)
 
 
+def noted_step(
+    report: dict[str, Any],
+    name: str,
+    snapshot: Callable[[], dict[str, str]],
+    changed: Callable[[dict[str, str], dict[str, str]], list[str]],
+    fn: Callable[[], Any],
+) -> Any:
+    """Run ``fn``, adding the globals it left changed to ``report["state"][name]``
+    (each once, over every run of that step); re-raises what ``fn`` raised."""
+    before = snapshot()
+    try:
+        return fn()
+    finally:
+        moved = changed(before, snapshot())
+        if moved:
+            noted = report.setdefault("state", {}).setdefault(name, [])
+            noted += [m for m in moved if m not in noted]
+
+
 @dataclass
 class Size:
     """One configuration: ``ModelConfig`` fields, the input's ``B``, ``T`` and a row count."""
@@ -193,14 +212,7 @@ class Probe:
 
     def _step(self, name: str, fn: Callable[[], Any]) -> Any:
         """Run ``fn``, noting the globals it changed under ``state[name]``; re-raises."""
-        before = self.snapshot()
-        try:
-            return fn()
-        finally:
-            moved = self.changed(before, self.snapshot())
-            if moved:
-                noted = self.report.setdefault("state", {}).setdefault(name, [])
-                noted += [m for m in moved if m not in noted]
+        return noted_step(self.report, name, self.snapshot, self.changed, fn)
 
     def _new(self) -> nn.Module:
         torch.manual_seed(self._gen(1).initial_seed())
@@ -468,6 +480,7 @@ def decode_probe(
     """
     import torch._dynamo
     from torch._dynamo import register_backend
+    from torch._dynamo.testing import CompileCounter
 
     report: dict[str, Any] = {"build": None}
     outputs: dict[str, torch.Tensor] = {}
@@ -485,32 +498,23 @@ def decode_probe(
     except Exception as err:
         report["build"] = why(err)
         return report, outputs
-    frames = [0]
+    counter = CompileCounter()  # counts the frames, runs each traced graph eagerly
     name = f"protocol_{seed % (1 << 32):08x}_{next(_BACKENDS)}"  # dynamo refuses a name twice
-
-    def counting(gm: torch.fx.GraphModule, _example: Any) -> Callable[..., Any]:
-        frames[0] += 1
-        return gm.forward  # the traced graph, run eagerly
-
-    register_backend(counting, name=name)
+    register_backend(counter, name=name)
 
     def call(step: str, compile_step: bool | str) -> Any:
-        before = snapshot()
-        try:
-            return fn(**kwargs, compile_step=compile_step)
-        finally:
-            moved = changed(before, snapshot())
-            if moved:
-                report.setdefault("state", {})[step] = moved
+        return noted_step(
+            report, step, snapshot, changed, lambda: fn(**kwargs, compile_step=compile_step)
+        )
 
     torch._dynamo.reset()
     try:
         for where, t_ in tensors(call("decode-eager", False)):
             outputs[f"eager|{where}"] = t_.detach().clone().contiguous()
         got = call("decode-compiled", name)
-        graphs = frames[0]
+        graphs = counter.frame_count
         call("decode-compiled", name)
-        report["decode"] = {"graphs": graphs, "frames": frames[0]}
+        report["decode"] = {"graphs": graphs, "frames": counter.frame_count}
         for where, t_ in tensors(got):
             outputs[f"compiled|{where}"] = t_.detach().clone().contiguous()
     except Exception as err:
