@@ -128,19 +128,23 @@ def typecheck(session: nox.Session) -> None:
 @nox.session(name="test-contracts", venv_backend="none")
 def test_contracts(session: nox.Session) -> None:
     """The checker's own tests, on real temporary git repositories."""
-    contracts_tests(session, "not hooks and not workflow and not scenario and not reseeded")
+    contracts_tests(
+        session, "not hooks and not workflow and not scenario and not reseeded and not breadth"
+    )
 
 
 @nox.session(name="test-reseeded", venv_backend="none")
 def test_reseeded(session: nox.Session) -> None:
-    """Each float64 reference against main at a seed drawn for this run (``reseeded``).
+    """Each float64 reference in depth: at a seed drawn for this run (``reseeded``), and
+    against every wrong stage of its test file (``breadth``).
 
-    ``test-contracts`` holds every reference to main at seed 7; these add one
-    fresh seed a run, as the gate draws a secret one a verdict. A failure
-    prints the seed and the ``NIELS_REFERENCE_SEED`` value that reruns it.
-    About 100 s on two cores, so only ``.ci/run --full`` runs them.
+    ``test-contracts`` holds every reference to main at seed 7 and to one wrong
+    stage each; these add one fresh seed a run, as the gate draws a secret one
+    a verdict, and the other wrong stages (about 20, two oracle workers each).
+    A failure of a drawn seed prints the seed and the ``NIELS_REFERENCE_SEED``
+    value that reruns it. Only ``.ci/run --full`` runs them.
     """
-    contracts_tests(session, "reseeded")
+    contracts_tests(session, "reseeded or breadth")
 
 
 @nox.session(name="test-scenarios", venv_backend="none")

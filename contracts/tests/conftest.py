@@ -42,6 +42,11 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     config.addinivalue_line(
         "markers",
+        "breadth: a float64 reference's wrong stages past the one every run keeps "
+        "(refkit.wrong_cases; nox -s test-reseeded, .ci/run --full)",
+    )
+    config.addinivalue_line(
+        "markers",
         "smoke: 5 scenarios in about 3 minutes (nox -s test-scenarios -- -m smoke): a "
         "first PR against the float64 reference, a foreign write, the environment seal "
         "both ways, and a loosened test judged with its stage's mutants; .ci/run --full "

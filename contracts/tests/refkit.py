@@ -73,6 +73,20 @@ def fixed_and_drawn(fixed: int) -> list[Any]:
     return [pytest.param(fixed, id=str(fixed)), drawn]
 
 
+def wrong_cases(names: Sequence[str], landing: str) -> list[Any]:
+    """``pytest.mark.parametrize`` values for a reference's wrong stages, one id a name:
+    ``landing`` runs in every run (``test-contracts``, so each landing still proves the
+    reference sees a bug), the others are marked ``breadth`` and run in
+    ``nox -s test-reseeded`` (``.ci/run --full``) beside the drawn seeds.
+
+    Each wrong stage costs two oracle workers (10 to 30 CPU-s); the full set of
+    them was a fifth of ``test-contracts``' CPU time.
+    """
+    assert landing in names, f"{landing!r} is not among {list(names)}"
+    breadth = pytest.mark.breadth
+    return [pytest.param(n, id=n, marks=() if n == landing else breadth) for n in names]
+
+
 def seed_for(seed: int | None) -> int:
     """A ``fixed_and_drawn`` value as a seed: the fixed one, or one drawn now."""
     return drawn_seed() if seed is None else seed

@@ -56,7 +56,9 @@ WRONG = {
 }
 
 
-@pytest.mark.parametrize("wrong", sorted(WRONG))
+@pytest.mark.parametrize(
+    "wrong", refkit.wrong_cases(sorted(WRONG), landing="temperature-multiplies")
+)
 def test_a_wrong_stage_differs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, wrong: str) -> None:
     calls, path, find, replace = WRONG[wrong]
     edit = {path: lambda s: s.replace(find, replace)}

@@ -25,12 +25,15 @@ def test_main_agrees(tmp_path: Path, seed: int | None) -> None:
 
 @pytest.mark.parametrize(
     "mutant",
-    [
-        "exponent-missing-two",  # the frequencies: theta ** (-i / D)
-        "half-split-pairing",  # channels paired (i, i + D/2)
-        "cache-sliced-from-end",  # a long table read from its end
-        "complex-turn-swapped",  # only the complex path: sin + i cos
-    ],
+    refkit.wrong_cases(
+        [
+            "exponent-missing-two",  # the frequencies: theta ** (-i / D)
+            "half-split-pairing",  # channels paired (i, i + D/2)
+            "cache-sliced-from-end",  # a long table read from its end
+            "complex-turn-swapped",  # only the complex path: sin + i cos
+        ],
+        landing="exponent-missing-two",
+    ),
 )
 def test_a_wrong_rope_differs(tmp_path: Path, mutant: str) -> None:
     got, want = refkit.answers(STAGE, 7, tmp_path, edits=mutant_edit(STAGE, mutant))
