@@ -16,13 +16,16 @@ from pathlib import Path
 import pytest
 
 from niels_gpt_contracts.errors import ConfigError
+from niels_gpt_contracts.sandbox import confine
 from niels_gpt_contracts.sandbox.environment import Sandbox
 
 
-def _fake_python(folder: Path, stdout: str, code: int = 0) -> str:
-    """An executable that prints ``stdout`` whatever it is asked, and exits ``code``."""
+def _fake_python(folder: Path, stdout: str, code: int = 0, stderr: str = "") -> str:
+    """An executable that prints ``stdout`` (and ``stderr``) whatever it is asked, and
+    exits ``code``."""
     path = folder / "fake-python"
-    path.write_text(f"#!/bin/sh\ncat <<'EOF'\n{stdout}\nEOF\nexit {code}\n", encoding="utf-8")
+    script = f"#!/bin/sh\ncat <<'EOF'\n{stdout}\nEOF\ncat >&2 <<'EOF'\n{stderr}\nEOF\nexit {code}\n"
+    path.write_text(script, encoding="utf-8")
     path.chmod(path.stat().st_mode | stat.S_IXUSR)
     return str(path)
 
@@ -42,3 +45,25 @@ def test_an_interpreter_whose_import_path_is_not_a_list_of_strings_is_refused(
 def test_a_real_interpreter_gives_its_import_path(tmp_path: Path) -> None:
     box = Sandbox.prepare(sys.executable, tmp_path / "sandbox", ["niels_gpt"], 1)
     assert box.site_paths() and all(isinstance(p, str) for p in box.site_paths())
+
+
+# --- sandbox.confine: where the confined interpreter could write --------------
+
+
+@pytest.mark.parametrize(
+    ("answer", "why"),
+    [
+        ("42", "expected the places written to: Expected `array`, got `int`"),
+        ('["/tmp", 3]', r"Expected `str`, got `int` - at `\$\[1\]`"),
+        ("", "expected the places written to: Input data was truncated"),
+    ],
+)
+def test_a_confinement_answer_that_is_not_a_list_of_places_fails_closed(
+    tmp_path: Path, answer: str, why: str
+) -> None:
+    box = Sandbox.prepare(sys.executable, tmp_path / "sandbox", ["niels_gpt"], 1)
+    wrapper = _fake_python(tmp_path, answer, stderr="boom \x1b[2J")
+    with pytest.raises(ConfigError, match=why) as caught:
+        confine._check_writes(Path(wrapper), box, [])
+    message = str(caught.value)
+    assert message.isprintable() and "\\x1b[2J" in message, message
