@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from niels_gpt_contracts import device_probe
 from niels_gpt_contracts.errors import ConfigError
 from niels_gpt_contracts.sandbox import confine
 from niels_gpt_contracts.sandbox.environment import Sandbox
@@ -67,3 +68,32 @@ def test_a_confinement_answer_that_is_not_a_list_of_places_fails_closed(
         confine._check_writes(Path(wrapper), box, [])
     message = str(caught.value)
     assert message.isprintable() and "\\x1b[2J" in message, message
+
+
+# --- device_probe: the probing process's verdict ------------------------------
+
+
+@pytest.mark.parametrize(
+    ("answer", "why"),
+    [
+        ('{"ok": "yes", "reason": "fine"}', "Expected `bool`, got `str` - at `$.ok`"),
+        ('{"ok": true}', "Object missing required field `reason`"),
+        ('{"ok": true, "reason": 7}', "Expected `str`, got `int` - at `$.reason`"),
+        ("usable", "JSON is malformed"),
+    ],
+)
+def test_a_device_verdict_of_the_wrong_shape_is_unusable(
+    tmp_path: Path, answer: str, why: str
+) -> None:
+    python = _fake_python(tmp_path, answer, stderr="last words \x1b[2J")
+    result = device_probe.probe("cuda", python=python, timeout=30)
+    assert not result.ok
+    assert result.reason.startswith("cuda probe gave no verdict (expected a verdict: ")
+    assert why in result.reason and result.reason.isprintable(), result.reason
+
+
+def test_a_well_formed_verdict_is_taken_with_its_reason_made_printable(tmp_path: Path) -> None:
+    python = _fake_python(tmp_path, '{"ok": true, "reason": "fine\\u001b[2J"}')
+    assert device_probe.probe("cuda", python=python, timeout=30) == device_probe.ProbeResult(
+        True, "fine?[2J"
+    )
