@@ -9,15 +9,18 @@ printable line.
 
 from __future__ import annotations
 
+import json
 import stat
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from niels_gpt_contracts import device_probe
 from niels_gpt_contracts.errors import ConfigError
-from niels_gpt_contracts.sandbox import confine
+from niels_gpt_contracts.sandbox import confine, env_trust
 from niels_gpt_contracts.sandbox.environment import Sandbox
 
 
@@ -97,3 +100,47 @@ def test_a_well_formed_verdict_is_taken_with_its_reason_made_printable(tmp_path:
     assert device_probe.probe("cuda", python=python, timeout=30) == device_probe.ProbeResult(
         True, "fine?[2J"
     )
+
+
+# --- sandbox.env_trust: the environment's seal ---------------------------------
+
+
+def _sealed(tmp_path: Path) -> Path:
+    env_dir = tmp_path / "env"
+    (env_dir / "lib").mkdir(parents=True)
+    (env_dir / "lib" / "mod.py").write_text("x = 1\n", encoding="utf-8")
+    (env_dir / "python").symlink_to("/usr/bin/python3")
+    env_trust.seal(env_dir)
+    return env_dir
+
+
+def test_a_seal_reads_back_and_finds_a_rewritten_file(tmp_path: Path) -> None:
+    env_dir = _sealed(tmp_path)
+    written = json.loads(env_trust.manifest_path(env_dir).read_text(encoding="utf-8"))
+    assert written["version"] == 1 and set(written["files"]) == {"lib/mod.py", "python"}
+    assert set(written["files"]["python"]) == {"stat", "link"}  # no null fields written
+    assert env_trust.verify(env_dir) == []
+    (env_dir / "lib" / "mod.py").write_text("x = 2\n", encoding="utf-8")
+    assert env_trust.verify(env_dir) == ["lib/mod.py"]
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda m: m.update(version=2),
+        lambda m: m.pop("files"),
+        lambda m: m["files"]["lib/mod.py"].update(stat="1 2 3 4"),
+        lambda m: m["files"]["lib/mod.py"].update(stat=[1, 2, 3]),
+        lambda m: m["files"]["lib/mod.py"].update(sha256=["\x1b[2J"]),
+    ],
+    ids=["version", "no-files", "stat-text", "stat-short", "sha-list"],
+)
+def test_a_seal_of_another_shape_counts_as_changed(
+    tmp_path: Path, damage: Callable[[dict[str, Any]], object]
+) -> None:
+    env_dir = _sealed(tmp_path)
+    path = env_trust.manifest_path(env_dir)
+    manifest = json.loads(path.read_text(encoding="utf-8"))
+    damage(manifest)
+    path.write_text(json.dumps(manifest), encoding="utf-8")
+    assert env_trust.verify(env_dir) == ["<manifest>"]
