@@ -20,8 +20,9 @@ import pytest
 
 from niels_gpt_contracts import device_probe
 from niels_gpt_contracts.errors import ConfigError
-from niels_gpt_contracts.sandbox import confine, env_trust
+from niels_gpt_contracts.sandbox import confine, env_trust, runtime_probe
 from niels_gpt_contracts.sandbox.environment import Sandbox
+from niels_gpt_contracts.stagespec import Rule
 
 
 def _fake_python(folder: Path, stdout: str, code: int = 0, stderr: str = "") -> str:
@@ -144,3 +145,55 @@ def test_a_seal_of_another_shape_counts_as_changed(
     damage(manifest)
     path.write_text(json.dumps(manifest), encoding="utf-8")
     assert env_trust.verify(env_dir) == ["<manifest>"]
+
+
+# --- sandbox.runtime_probe: what each runtime rule's driver dispatched ----------
+
+
+def _rule(n: int) -> Rule:
+    return Rule(f"r{n}", "runtime.ops", "msg", {"driver": f"specs/s/d.py:drive{n}"}, 1)
+
+
+GOOD = {"ops": ["aten::mm"], "casts": [], "blocks": 1, "error": None}
+
+
+def test_a_runtime_answer_is_read_rule_by_rule() -> None:
+    rules = [_rule(1), _rule(2)]
+    answer = {runtime_probe.rule_key(r): GOOD for r in rules}
+    recorded, problem = runtime_probe.read_answer(0, "noise\n" + json.dumps(answer), "", rules)
+    assert problem is None
+    assert recorded[runtime_probe.rule_key(rules[1])] == runtime_probe.Recorded(
+        ("aten::mm",), (), 1, None
+    )
+
+
+@pytest.mark.parametrize(
+    ("entry", "why"),
+    [
+        ({**GOOD, "blocks": "1"}, "Expected `int`, got `str` - at `$[...].blocks`"),
+        ({**GOOD, "ops": "aten::mm"}, "Expected `array`, got `str` - at `$[...].ops`"),
+        ({k: v for k, v in GOOD.items() if k != "error"}, "missing required field `error`"),
+        ({**GOOD, "error": 3}, "Expected `str | null`, got `int`"),
+    ],
+)
+def test_a_runtime_answer_of_the_wrong_shape_leaves_every_rule_unchecked(
+    entry: dict[str, Any], why: str
+) -> None:
+    rules = [_rule(1)]
+    answer = json.dumps({runtime_probe.rule_key(rules[0]): entry})
+    recorded, problem = runtime_probe.read_answer(0, answer, "died \x1b[2J", rules)
+    assert recorded == {} and problem is not None
+    assert problem.startswith("the runtime probe failed (exit 0, expected a record per rule: ")
+    assert why in problem and problem.endswith("died \\x1b[2J"), problem
+
+
+def test_a_rule_the_probe_did_not_answer_or_a_failed_probe_leaves_every_rule_unchecked() -> None:
+    rules = [_rule(1), _rule(2)]
+    answer = json.dumps({runtime_probe.rule_key(rules[0]): GOOD})
+    _, problem = runtime_probe.read_answer(0, answer, "", rules)
+    assert problem == (
+        "the runtime probe failed (exit 0, expected a record for "
+        "specs/s/d.py:drive2#r2, found none): no output"
+    )
+    _, problem = runtime_probe.read_answer(1, answer, "Traceback\nOSError: x", rules)
+    assert problem == "the runtime probe failed (exit 1, no answer): OSError: x"
