@@ -19,10 +19,12 @@ from typing import Any
 import pytest
 
 from niels_gpt_contracts import device_probe
+from niels_gpt_contracts.decoding import Malformed
 from niels_gpt_contracts.errors import ConfigError
-from niels_gpt_contracts.sandbox import confine, env_trust, runtime_probe
+from niels_gpt_contracts.sandbox import confine, env_trust, pytest_run, runtime_probe
 from niels_gpt_contracts.sandbox.environment import Sandbox
 from niels_gpt_contracts.stagespec import Rule
+from niels_gpt_contracts.verdict import testing
 
 
 def _fake_python(folder: Path, stdout: str, code: int = 0, stderr: str = "") -> str:
@@ -197,3 +199,53 @@ def test_a_rule_the_probe_did_not_answer_or_a_failed_probe_leaves_every_rule_unc
     )
     _, problem = runtime_probe.read_answer(1, answer, "Traceback\nOSError: x", rules)
     assert problem == "the runtime probe failed (exit 1, no answer): OSError: x"
+
+
+# --- sandbox.pytest_run: the plugin's per-test report ----------------------------
+
+REPORT: dict[str, Any] = {
+    "device": "cpu",
+    "exitstatus": 1,
+    "tests": {
+        "t.py::a": {"outcome": "passed", "invariants": ["s.i"], "reason": "", "key": "k"},
+        "t.py::b": {"outcome": "failed", "invariants": ["s.i"], "reason": "boom", "ops": ["x"]},
+    },
+    "collected": ["t.py::a", "t.py::b"],
+    "invariants": {"s.i": {"passed": 1, "failed": 1, "skipped": 0, "failed_tests": ["t.py::b"]}},
+}
+
+
+def test_a_per_test_report_is_read_with_its_outcomes_and_counts() -> None:
+    report = pytest_run._parse(json.dumps(REPORT).encode(), "cpu")
+    assert report.tests["t.py::b"] == pytest_run.TestOutcome("failed", ("s.i",), "boom", ("x",))
+    assert report.tests["t.py::a"].ops == () and report.collected == ["t.py::a", "t.py::b"]
+    assert report.invariants["s.i"] == pytest_run.Counts(1, 1, 0, ("t.py::b",))
+
+
+@pytest.mark.parametrize(
+    ("damage", "why"),
+    [
+        (lambda r: r["tests"]["t.py::a"].update(outcome="xpassed"), "Invalid enum value 'xpassed'"),
+        (lambda r: r["tests"]["t.py::a"].update(invariants="s.i"), "Expected `array`, got `str`"),
+        (lambda r: r["tests"]["t.py::a"].update(reason=None), "Expected `str`, got `null`"),
+        (lambda r: r.pop("collected"), "Object missing required field `collected`"),
+        (lambda r: r["invariants"]["s.i"].update(passed="1"), "Expected `int`, got `str`"),
+        (lambda r: r.update(device="cuda"), "expected a report for device 'cpu', found 'cuda'"),
+        (lambda r: r.update(device="cpu\x1b[2J"), r"found 'cpu\x1b[2J'"),
+    ],
+)
+def test_a_per_test_report_of_the_wrong_shape_is_not_read(
+    damage: Callable[[dict[str, Any]], object], why: str
+) -> None:
+    report = json.loads(json.dumps(REPORT))
+    damage(report)
+    with pytest.raises(Malformed) as caught:
+        pytest_run._parse(json.dumps(report).encode(), "cpu")
+    assert why in str(caught.value) and str(caught.value).isprintable(), str(caught.value)
+
+
+def test_device_counts_add_up_the_runs_of_one_device() -> None:
+    counts = pytest_run._parse(json.dumps(REPORT).encode(), "cpu").invariants
+    runs = [pytest_run.PytestRun(n, "cpu", 1, 0.0, counts=counts) for n in ("ref", "pr")]
+    merged = testing.device_counts(runs).invariants["s.i"]
+    assert merged == {"passed": 2, "failed": 2, "skipped": 0, "failed_tests": ["t.py::b"] * 2}
