@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import stat
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -21,6 +22,7 @@ import pytest
 from niels_gpt_contracts import device_probe
 from niels_gpt_contracts.decoding import Malformed
 from niels_gpt_contracts.errors import ConfigError
+from niels_gpt_contracts.mutants import launcher
 from niels_gpt_contracts.sandbox import confine, env_trust, pytest_run, runtime_probe
 from niels_gpt_contracts.sandbox.environment import Sandbox
 from niels_gpt_contracts.stagespec import Rule
@@ -249,3 +251,66 @@ def test_device_counts_add_up_the_runs_of_one_device() -> None:
     runs = [pytest_run.PytestRun(n, "cpu", 1, 0.0, counts=counts) for n in ("ref", "pr")]
     merged = testing.device_counts(runs).invariants["s.i"]
     assert merged == {"passed": 2, "failed": 2, "skipped": 0, "failed_tests": ["t.py::b"] * 2}
+
+
+# --- mutants.launcher: the fork server's lines ------------------------------------
+
+
+def _server(tmp_path: Path, ready: str, reply: str) -> launcher._Server:
+    """A stand-in fork server: prints ``ready``, then answers each request with ``reply``."""
+    script = tmp_path / "server.py"
+    script.write_text(
+        "import sys\n"
+        f"print({ready!r}, flush=True)\n"
+        "for line in sys.stdin:\n"
+        f"    print({reply!r}, flush=True)\n",
+        encoding="utf-8",
+    )
+    proc = subprocess.Popen(
+        [sys.executable, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    return launcher._Server(proc)
+
+
+@pytest.mark.parametrize(
+    ("ready", "reply", "want"),
+    [
+        ('{"ready": true}', '{"code": 1, "seconds": 0.5}', launcher._Reply(1, 0.5)),
+        ('{"ready": true}', '{"code": null, "seconds": 2}', launcher._Reply(None, 2.0)),
+        (
+            '{"ready": true}',
+            '{"code": "1", "seconds": 0.5}',
+            "the fork server gave no exit status (expected the exit status of a run: "
+            "Expected `int | null`, got `str` - at `$.code`)",
+        ),
+        (
+            '{"ready": true}',
+            '{"code": 0}',
+            "the fork server gave no exit status (expected the exit status of a run: "
+            "Object missing required field `seconds`)",
+        ),
+        (
+            '{"ready": false}',
+            "",
+            "the fork server died before it was ready (expected the fork server ready: "
+            "Invalid enum value False - at `$.ready`)",
+        ),
+        (
+            "Fatal Python error: \x1b[2J",
+            "",
+            "the fork server died before it was ready (expected the fork server ready: "
+            "JSON is malformed: invalid character (byte 0))",
+        ),
+    ],
+)
+def test_the_fork_servers_lines_are_decoded_by_type(
+    tmp_path: Path, ready: str, reply: str, want: object
+) -> None:
+    server = _server(tmp_path, ready, reply)
+    try:
+        assert server.ask({"args": []}) == want
+    finally:
+        assert server.proc.stdin is not None and server.proc.stdout is not None
+        server.proc.stdin.close()
+        server.proc.wait(timeout=30)
+        server.proc.stdout.close()
