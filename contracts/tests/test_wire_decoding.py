@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from niels_gpt_contracts import device_probe
+from niels_gpt_contracts.checks.code import names
 from niels_gpt_contracts.decoding import Malformed
 from niels_gpt_contracts.errors import ConfigError
 from niels_gpt_contracts.mutants import launcher
@@ -314,3 +315,51 @@ def test_the_fork_servers_lines_are_decoded_by_type(
         server.proc.stdin.close()
         server.proc.wait(timeout=30)
         server.proc.stdout.close()
+
+
+# --- checks.code.names: what library names resolve to -----------------------------
+
+
+def test_resolved_names_are_read_and_judged(tmp_path: Path) -> None:
+    answer = {
+        "torch.utils.run": {
+            "kind": "function",
+            "defined_in": "torch.utils",
+            "qualname": "run",
+            "markers": ["Popen"],
+            "generator": False,
+            "modules": ["torch", "torch.utils"],
+        },
+        "torch.nope": {"kind": "missing", "why": "no nope", "modules": ["torch"]},
+    }
+    found = names.resolve(list(answer), _fake_python(tmp_path, json.dumps(answer)), None)
+    assert found["torch.nope"] == names.Resolved("missing", ("torch",), why="no nope")
+    assert names.judge_resolved("torch.utils.run", found["torch.utils.run"]) == (
+        "torch.utils.run runs programs or loads code (its code uses Popen)"
+    )
+    assert names.judge_resolved("torch.nope", found["torch.nope"]) is None
+
+
+@pytest.mark.parametrize(
+    ("entry", "why"),
+    [
+        ({"kind": "callable", "modules": []}, "Invalid enum value 'callable' - at `$[...].kind`"),
+        ({"kind": "function"}, "Object missing required field `modules`"),
+        ({"kind": "function", "modules": [], "markers": "exec"}, "Expected `array`, got `str`"),
+        ({"kind": "other", "modules": [], "generator": 1}, "Expected `bool`, got `int`"),
+    ],
+)
+def test_a_name_probe_answer_of_the_wrong_shape_is_refused(
+    tmp_path: Path, entry: dict[str, Any], why: str
+) -> None:
+    python = _fake_python(tmp_path, json.dumps({"torch.x": entry}))
+    with pytest.raises(Malformed, match=r"^the name probe failed: expected an object") as caught:
+        names.resolve(["torch.x"], python, None)
+    assert why in str(caught.value), str(caught.value)
+
+
+def test_a_name_probe_that_printed_nothing_or_did_not_start_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(Malformed, match="Input data was truncated"):
+        names.resolve(["torch.x"], _fake_python(tmp_path, ""), None)
+    with pytest.raises(Malformed, match=r"^the name probe failed: .*No such file"):
+        names.resolve(["torch.x"], str(tmp_path / "no-python\x1b[2J"), None)
