@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from niels_gpt_contracts import device_probe
@@ -27,7 +28,7 @@ from niels_gpt_contracts.mutants import launcher
 from niels_gpt_contracts.sandbox import confine, env_trust, pytest_run, runtime_probe
 from niels_gpt_contracts.sandbox.environment import Sandbox
 from niels_gpt_contracts.stagespec import Rule
-from niels_gpt_contracts.verdict import testing
+from niels_gpt_contracts.verdict import repro, testing
 
 
 def _fake_python(folder: Path, stdout: str, code: int = 0, stderr: str = "") -> str:
@@ -363,3 +364,46 @@ def test_a_name_probe_that_printed_nothing_or_did_not_start_is_refused(tmp_path:
         names.resolve(["torch.x"], _fake_python(tmp_path, ""), None)
     with pytest.raises(Malformed, match=r"^the name probe failed: .*No such file"):
         names.resolve(["torch.x"], str(tmp_path / "no-python\x1b[2J"), None)
+
+
+# --- verdict.repro: the reproducer's meta.json -------------------------------------
+
+
+def _reproducer(tmp_path: Path, meta: object) -> Path:
+    (tmp_path / "meta.json").write_text(json.dumps(meta), encoding="utf-8")
+    return tmp_path / "reproduce.py"
+
+
+def test_a_reproducers_history_is_counted_and_trimmed_keeping_every_other_field(
+    tmp_path: Path,
+) -> None:
+    from safetensors.numpy import save_file
+
+    script = _reproducer(tmp_path, {"call": "b", "history": [{"call": "a"}, {"call": "z"}]})
+    save_file(
+        {"history.0.x": np.zeros(1), "history.1.x": np.ones(1)}, tmp_path / "inputs.safetensors"
+    )
+    assert repro.history_length(script) == 2
+    repro.trim(script, 1)
+    assert json.loads((tmp_path / "meta.json").read_text()) == {
+        "call": "b",
+        "history": [{"call": "a"}],
+    }
+    assert repro.history_length(_reproducer(tmp_path, {"call": "b"})) == 0
+
+
+@pytest.mark.parametrize(
+    ("meta", "why"),
+    [
+        ([], "Expected `object`, got `array`"),
+        ({"history": {"0": {}}}, "Expected `array`, got `object` - at `$.history`"),
+        ({"history": ["a\x1b[2J"]}, "Expected `object`, got `str` - at `$.history[0]`"),
+    ],
+)
+def test_a_reproducers_meta_of_the_wrong_shape_is_refused(
+    tmp_path: Path, meta: object, why: str
+) -> None:
+    script = _reproducer(tmp_path, meta)
+    with pytest.raises(Malformed, match="expected a reproducer's meta") as caught:
+        repro.history_length(script)
+    assert why in str(caught.value) and str(caught.value).isprintable(), str(caught.value)
