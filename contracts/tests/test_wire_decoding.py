@@ -15,6 +15,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -22,12 +23,13 @@ import pytest
 
 from niels_gpt_contracts import device_probe
 from niels_gpt_contracts.checks.code import names
+from niels_gpt_contracts.checks.public_api import api
 from niels_gpt_contracts.decoding import Malformed
 from niels_gpt_contracts.errors import ConfigError
 from niels_gpt_contracts.mutants import launcher
 from niels_gpt_contracts.sandbox import confine, env_trust, pytest_run, runtime_probe
 from niels_gpt_contracts.sandbox.environment import Sandbox
-from niels_gpt_contracts.stagespec import Rule
+from niels_gpt_contracts.stagespec import ApiEntry, Rule
 from niels_gpt_contracts.verdict import repro, testing
 
 
@@ -407,3 +409,55 @@ def test_a_reproducers_meta_of_the_wrong_shape_is_refused(
     with pytest.raises(Malformed, match="expected a reproducer's meta") as caught:
         repro.history_length(script)
     assert why in str(caught.value) and str(caught.value).isprintable(), str(caught.value)
+
+
+# --- checks.public_api: the import probe's answers ---------------------------------
+
+ENTRIES = [ApiEntry("m:f", "function", "(x: int) -> int", {"run": "(self) -> None"})]
+SIG = {"params": [["x", "POSITIONAL_OR_KEYWORD", None, "int"]], "return": "int"}
+FOUND: dict[str, Any] = {
+    "object": "m:f",
+    "kind": "function",
+    "file": "m.py",
+    "line": 3,
+    "signature": SIG,
+    "source": None,
+    "methods": {"run": {"error": "no method 'run'"}},
+}
+
+
+def test_an_api_answer_is_read_and_judged() -> None:
+    (found,) = api.read_answer(0, "noise\n" + json.dumps([FOUND]), "", ENTRIES)
+    assert found.signature is not None and found.signature.data() == SIG
+    spec = SimpleNamespace(id="s")
+    messages = [v.message for v in api.judge(spec, ENTRIES[0], found)]  # type: ignore[arg-type]
+    assert messages == ["m:f: expected method run(self) -> None, found: no method 'run'"]
+
+
+@pytest.mark.parametrize(
+    ("damage", "why"),
+    [
+        (lambda f: f.update(line="3"), "Expected `int | null`, got `str` - at `$[0].line`"),
+        (lambda f: f.pop("kind"), "expected a 'kind' or an 'error' for m:f"),
+        (lambda f: f["signature"]["params"][0].__setitem__(1, "VARARGS"), "Invalid enum value"),
+        (lambda f: f["signature"].pop("return"), "missing required field `return`"),
+        (lambda f: f["methods"].update(run={}), "expected a method's 'error' or its 'signature'"),
+        (lambda f: f.update(object="m:g"), "expected answers for ['m:f'], found ['m:g']"),
+        (lambda f: f.update(object="m:\x1b[2J"), r"found ['m:\x1b[2J']"),
+    ],
+)
+def test_an_api_answer_of_the_wrong_shape_is_a_probe_error_for_every_entry(
+    damage: Callable[[dict[str, Any]], object], why: str
+) -> None:
+    answer = json.loads(json.dumps(FOUND))
+    damage(answer)
+    (found,) = api.read_answer(0, json.dumps([answer]), "last \x1b[2J", ENTRIES)
+    assert found.object == "m:f" and found.probe_error is not None
+    assert found.probe_error.startswith("import probe answered something else (expected ")
+    assert why in found.probe_error, found.probe_error
+    assert found.probe_error.isprintable() and found.probe_error.endswith("last \\x1b[2J")
+
+
+def test_a_failed_import_probe_is_a_probe_error_for_every_entry() -> None:
+    (found,) = api.read_answer(1, "", "Traceback\nImportError: \x1b[2J", ENTRIES)
+    assert found.probe_error == "import probe failed (exit 1): ImportError: \\x1b[2J"
