@@ -138,7 +138,7 @@ def test_runtime_rules_are_split_over_the_cores_and_all_judged(
         calls.append([r.id for r in part])
         recorded = {
             runtime_probe.rule_key(r): runtime_probe.Recorded(  # type: ignore[arg-type]
-                ("aten::bad",) if r.id in ("r1", "r4") else ("aten::mm",), (), 1
+                ("aten::bad",) if r.id in ("r1", "r4") else ("aten::mm",), (), 1, None
             )
             for r in part
         }

@@ -27,6 +27,12 @@ def one_line(text: str, limit: int = 300) -> str:
     return out if len(out) <= limit else out[: limit - 3] + "..."
 
 
+def last_line(output: str) -> str:
+    """The last line of a process's output, where a probe prints its answer ("" if none)."""
+    lines = output.strip().splitlines()
+    return lines[-1] if lines else ""
+
+
 @overload
 def decode(raw: bytes | str, kind: type[T], what: str) -> T: ...
 

@@ -11,7 +11,8 @@ naming the step that failed (or what succeeded).
 
 The probing process imports only torch, from whatever interpreter ``python``
 names (the environment the tests will use); this module imports nothing from
-the rest of the checker, so a noxfile or the gate can load it on its own.
+the rest of the checker but ``decoding`` (the verdict line is decoded by type),
+so a noxfile or the gate can run it on its own.
 
 Command line: ``python -m niels_gpt_contracts.device_probe KIND [--python P]
 [--timeout S]`` prints one line, ``KIND: usable: ...`` or ``KIND: unusable:
@@ -21,10 +22,13 @@ reason``, and exits 0 when usable, 1 when not, 2 on a usage error.
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 from dataclasses import dataclass
+
+import msgspec
+
+from niels_gpt_contracts.decoding import Malformed, decode, last_line
 
 __all__ = ["KINDS", "ProbeResult", "probe"]
 
@@ -88,6 +92,13 @@ class ProbeResult:
     reason: str
 
 
+class _Verdict(msgspec.Struct, frozen=True):
+    """The probing process's last line (``_CHILD``'s ``done``)."""
+
+    ok: bool
+    reason: str
+
+
 def _one_line(text: str) -> str:
     """Printable, single-line, bounded: the probed process's words are not trusted."""
     flat = " ".join(text.split())
@@ -130,23 +141,16 @@ def probe(
         )
     except OSError as err:
         return ProbeResult(False, _one_line(f"cannot run {python!r}: {err.strerror or err}"))
-    lines = done.stdout.strip().splitlines()
-    try:
-        verdict = json.loads(lines[-1]) if lines else None
-    except json.JSONDecodeError:
-        verdict = None
-    if (
-        done.returncode != 0
-        or not isinstance(verdict, dict)
-        or not isinstance(verdict.get("ok"), bool)
-        or not isinstance(verdict.get("reason"), str)
-    ):
-        tail = done.stderr.strip().splitlines()
-        last = tail[-1] if tail else "no output"
+    last = last_line(done.stderr) or "no output"
+    if done.returncode != 0:
         return ProbeResult(
             False, _one_line(f"{kind} probe died (exit status {done.returncode}): {last}")
         )
-    return ProbeResult(verdict["ok"], _one_line(verdict["reason"]))
+    try:
+        verdict = decode(last_line(done.stdout), _Verdict, "expected a verdict")
+    except Malformed as err:
+        return ProbeResult(False, _one_line(f"{kind} probe gave no verdict ({err}): {last}"))
+    return ProbeResult(verdict.ok, _one_line(verdict.reason))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,7 +21,11 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
+import msgspec
+
+from niels_gpt_contracts.decoding import Malformed, decode
 from niels_gpt_contracts.mutants import zygote
 from niels_gpt_contracts.mutants.catalogue import Mutant, write_overlay
 
@@ -95,27 +99,47 @@ class Run:
     seconds: float
 
 
+class _Ready(msgspec.Struct, frozen=True):
+    """The fork server's first line (``zygote.main``): its imports are done."""
+
+    ready: Literal[True]
+
+
+class _Reply(msgspec.Struct, frozen=True):
+    """The fork server's answer to one run: the exit status (``None``: timed out)."""
+
+    code: int | None
+    seconds: float
+
+
 @dataclass
 class _Server:
     proc: subprocess.Popen[str]
     ready: bool = False
 
-    def ask(self, request: dict[str, object]) -> dict[str, object] | None:
-        """Send one request; the reply, or None when the server is gone."""
+    def ask(self, request: dict[str, object]) -> _Reply | str:
+        """Send one request; the reply, or why there is none (the server is gone, or
+        answered something else: either way it is not asked again)."""
         stdin, stdout = self.proc.stdin, self.proc.stdout
         if stdin is None or stdout is None:
-            return None
+            return "the fork server died"
         try:
             if not self.ready:
-                self.ready = stdout.readline().startswith('{"ready"')
-                if not self.ready:
-                    return None
+                decode(stdout.readline(), _Ready, "expected the fork server ready")
+                self.ready = True
             stdin.write(json.dumps(request) + "\n")
             stdin.flush()
             reply = stdout.readline()
         except OSError:
-            return None
-        return json.loads(reply) if reply else None
+            return "the fork server died"
+        except Malformed as err:
+            return f"the fork server died before it was ready ({err})"
+        if not reply:
+            return "the fork server died"
+        try:
+            return decode(reply, _Reply, "expected the exit status of a run")
+        except Malformed as err:
+            return f"the fork server gave no exit status ({err})"
 
 
 class Launcher:
@@ -225,18 +249,12 @@ class Launcher:
         }
         server = self.servers.get()
         reply = server.ask(request)
-        if reply is None:
+        if isinstance(reply, str):
             self._start()  # replace the broken server for the runs still to come
-            return Run(SERVER_DIED, "the fork server died", 0.0)
+            return Run(SERVER_DIED, reply, 0.0)
         self.servers.put(server)
         output = log.read_text(encoding="utf-8", errors="replace") if log.exists() else ""
-        code = reply["code"]
-        seconds = reply["seconds"]
-        return Run(
-            code if isinstance(code, int) else None,
-            output,
-            float(seconds) if isinstance(seconds, (int, float)) else 0.0,
-        )
+        return Run(reply.code, output, reply.seconds)
 
     def _spawned(
         self, work: Path, overlay: Path | None, module: str, want: str, args: list[str]

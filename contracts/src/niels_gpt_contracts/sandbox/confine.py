@@ -47,6 +47,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
 
+from niels_gpt_contracts.decoding import Malformed, decode, last_line, one_line
 from niels_gpt_contracts.errors import ConfigError
 from niels_gpt_contracts.sandbox.environment import Sandbox
 
@@ -134,12 +135,12 @@ def _check_writes(wrapper: Path, box: Sandbox, refuse: list[str]) -> None:
         check=False,
     )
     try:
-        wrote = json.loads(done.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError) as err:
-        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        wrote = decode(last_line(done.stdout), list[str], "expected the places written to")
+    except Malformed as err:
+        tail = one_line(last_line(done.stderr) or "no output", 200)
         raise ConfigError(
-            f"the confinement check gave no answer (exit {done.returncode}, {err}): {tail[:200]}"
-        ) from err
+            f"the confinement check gave no answer (exit {done.returncode}, {err}): {tail}"
+        ) from None
     escaped = [p for p in wrote if p != scratch]
     if escaped:
         raise ConfigError(

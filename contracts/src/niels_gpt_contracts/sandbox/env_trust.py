@@ -18,27 +18,43 @@ it at all; a change is ``sandbox.tampered`` and the entry is discarded.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Literal
 
+import msgspec
+
+from niels_gpt_contracts.decoding import Malformed, decode
 from niels_gpt_contracts.digests import file_digest
 from niels_gpt_contracts.sandbox import environment
 
-MANIFEST_VERSION = 1
+MANIFEST_VERSION: Literal[1] = 1
 
 
-def _entry(path: Path, content: bool) -> dict[str, Any]:
+class _Entry(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One sealed file: ``stat`` is (size, mtime_ns, ctime_ns, inode); a link's
+    target or a file's SHA-256 (read only when the contents are asked for)."""
+
+    stat: tuple[int, int, int, int]
+    link: str | None = None
+    sha256: str | None = None
+
+
+class _Manifest(msgspec.Struct, frozen=True):
+    """``<env>.manifest.json``: every file and link of the environment by relative path."""
+
+    version: Literal[1]
+    files: dict[str, _Entry]
+
+
+def _entry(path: Path, content: bool) -> _Entry:
     st = path.lstat()
-    out: dict[str, Any] = {"stat": [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]}
+    stat = (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
     if path.is_symlink():
-        out["link"] = os.readlink(path)
-    elif content:
-        out["sha256"] = file_digest(path)
-    return out
+        return _Entry(stat, link=os.readlink(path))
+    return _Entry(stat, sha256=file_digest(path) if content else None)
 
 
 def _walk(root: Path) -> list[Path]:
@@ -57,37 +73,33 @@ def manifest_path(env_dir: Path) -> Path:
 def seal(env_dir: Path) -> None:
     """Record every file of ``env_dir`` (contents included) beside it."""
     files = {str(p.relative_to(env_dir)): _entry(p, True) for p in _walk(env_dir)}
-    payload = {"version": MANIFEST_VERSION, "files": files}
     target = manifest_path(env_dir)
     tmp = target.with_name(f"{target.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(payload), encoding="utf-8")
+    tmp.write_bytes(msgspec.json.encode(_Manifest(MANIFEST_VERSION, files)))
     os.replace(tmp, target)
 
 
 def verify(env_dir: Path) -> list[str]:
     """Paths (relative to ``env_dir``) whose content differs from the seal; ``[]`` if none.
 
-    A missing or unreadable seal counts as a difference (``<manifest>``).
+    A missing or unreadable seal, or one of another shape or version, counts as
+    a difference (``<manifest>``).
     """
     try:
-        data = json.loads(manifest_path(env_dir).read_text(encoding="utf-8"))
-        sealed: dict[str, dict[str, Any]] = data["files"]
-        assert data["version"] == MANIFEST_VERSION
-    except (OSError, ValueError, KeyError, TypeError, AssertionError):
+        raw = manifest_path(env_dir).read_bytes()
+        sealed = decode(raw, _Manifest, "expected an environment's seal").files
+    except (OSError, Malformed):
         return ["<manifest>"]
     now = {str(p.relative_to(env_dir)): p for p in _walk(env_dir)}
     changed = sorted(set(now) ^ set(sealed))
     restat = False
     for rel in sorted(set(now) & set(sealed)):
-        quick = _entry(now[rel], False)
-        if quick["stat"] == sealed[rel]["stat"]:
+        if _entry(now[rel], False).stat == sealed[rel].stat:
             continue
         restat = True
         full = _entry(now[rel], True)
-        same = full.get("sha256") == sealed[rel].get("sha256") and full.get("link") == sealed[
-            rel
-        ].get("link")
-        if not same or full["stat"][0] != sealed[rel]["stat"][0]:
+        same = (full.sha256, full.link) == (sealed[rel].sha256, sealed[rel].link)
+        if not same or full.stat[0] != sealed[rel].stat[0]:
             changed.append(rel)
     if restat and not changed:
         seal(env_dir)  # same bytes, new inodes or times (a restored cache)

@@ -24,7 +24,6 @@ after.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -36,6 +35,7 @@ from pathlib import Path
 from filelock import FileLock, Timeout
 
 import niels_gpt_contracts
+from niels_gpt_contracts.decoding import Malformed, decode, last_line
 from niels_gpt_contracts.digests import Digest
 from niels_gpt_contracts.errors import ConfigError
 
@@ -190,11 +190,11 @@ class Sandbox:
         if done.returncode != 0:
             return []
         try:
-            paths = json.loads(done.stdout.strip().splitlines()[-1])
-        except (ValueError, IndexError):
+            paths = decode(last_line(done.stdout), list[str], "sys.path")
+        except Malformed:
             return []
         return [
-            str(p)
+            p
             for p in paths
             if os.path.isdir(p) and not any(os.path.exists(os.path.join(p, n)) for n in self.names)
         ]

@@ -5,7 +5,7 @@ The run loads exactly these plugins, with autoloading off: the checker's own
 (for a fixed ``--hypothesis-seed``) and, for parallel runs, xdist's. Its
 configuration is the one the caller writes (the base's, never the PR's), its
 hypothesis example database lives in the run's scratch folder, and its result
-is read from the JSON report (validated here), not from the exit status alone.
+is read from the JSON report (decoded by type here), not from the exit status alone.
 The run's folder (its working directory) is made in the sandbox's ``tmp``.
 """
 
@@ -16,8 +16,11 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Literal
 
+import msgspec
+
+from niels_gpt_contracts.decoding import Malformed, decode, one_line
 from niels_gpt_contracts.sandbox import processes
 from niels_gpt_contracts.sandbox.environment import Sandbox
 
@@ -29,14 +32,31 @@ PLUGINS = (
 OUTCOMES = ("passed", "failed", "skipped")
 
 
-@dataclass(frozen=True)
-class TestOutcome:
-    """One test's outcome (``passed``, ``failed`` or ``skipped``) and its claims."""
+class TestOutcome(msgspec.Struct, frozen=True):
+    """One test's outcome and its claims (an entry of the report's ``tests``)."""
 
-    outcome: str
-    invariants: tuple[str, ...]
-    reason: str
+    outcome: Literal["passed", "failed", "skipped"]
+    invariants: tuple[str, ...] = ()
+    reason: str = ""
     ops: tuple[str, ...] = ()  # forbidden ops its call dispatched (--record-ops)
+
+
+class Counts(msgspec.Struct, frozen=True):
+    """One invariant's tally in the report's ``invariants``."""
+
+    passed: int = 0
+    failed: int = 0
+    skipped: int = 0
+    failed_tests: tuple[str, ...] = ()
+
+
+class _Report(msgspec.Struct, frozen=True):
+    """What the plugin's ``--invariant-report`` holds that a run is read for."""
+
+    device: str
+    tests: dict[str, TestOutcome]
+    collected: list[str]
+    invariants: dict[str, Counts]
 
 
 @dataclass
@@ -49,7 +69,7 @@ class PytestRun:
     seconds: float
     tests: dict[str, TestOutcome] = field(default_factory=dict)
     collected: list[str] = field(default_factory=list)
-    counts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    counts: dict[str, Counts] = field(default_factory=dict)
     output: str = ""
     problem: str | None = None
 
@@ -57,34 +77,18 @@ class PytestRun:
         return "\n".join(self.output.strip().splitlines()[-lines:])
 
 
-def _parse(raw: str, device: str) -> tuple[dict[str, TestOutcome], list[str], dict[str, Any]]:
-    """Validate the plugin's report; ``ValueError`` on anything unexpected."""
-    data = json.loads(raw)
-    if not isinstance(data, dict) or data.get("device") != device:
-        raise ValueError(f"expected a report for device {device!r}")
-    tests_raw, collected = data.get("tests"), data.get("collected")
-    counts = data.get("invariants")
-    if not (
-        isinstance(tests_raw, dict) and isinstance(collected, list) and isinstance(counts, dict)
-    ):
-        raise ValueError("expected 'tests', 'collected' and 'invariants' in the report")
-    tests: dict[str, TestOutcome] = {}
-    for nodeid, entry in tests_raw.items():
-        if not isinstance(entry, dict) or entry.get("outcome") not in OUTCOMES:
-            raise ValueError(f"expected an outcome for {nodeid!r}, found {entry!r}")
-        claims = entry.get("invariants", [])
-        if not isinstance(claims, list):
-            raise ValueError(f"expected a list of invariants for {nodeid!r}")
-        ops = entry.get("ops", [])
-        if not isinstance(ops, list):
-            raise ValueError(f"expected a list of ops for {nodeid!r}")
-        tests[str(nodeid)] = TestOutcome(
-            str(entry["outcome"]),
-            tuple(map(str, claims)),
-            str(entry.get("reason", "")),
-            tuple(map(str, ops)),
+def _parse(raw: bytes, device: str) -> _Report:
+    """The plugin's report, decoded by type.
+
+    Raises:
+        Malformed: not JSON, not a report (msgspec's reason), or another device's.
+    """
+    report = decode(raw, _Report, "expected a per-test report")
+    if report.device != device:
+        raise Malformed(
+            one_line(f"expected a report for device {device!r}, found {report.device!r}")
         )
-    return tests, [str(c) for c in collected], counts
+    return report
 
 
 def run(
@@ -143,9 +147,13 @@ def run(
         if done.code not in (0, 1, 5):  # 5: nothing collected, judged by the caller
             result.problem = f"pytest exited {done.code} (usage, collection or internal error)"
         try:
-            result.tests, result.collected, result.counts = _parse(
-                report.read_text(encoding="utf-8"), device
-            )
-        except (OSError, ValueError) as err:
-            result.problem = result.problem or f"no readable per-test report ({err})"
+            parsed = _parse(report.read_bytes(), device)
+        except (OSError, Malformed) as err:
+            result.problem = result.problem or f"no readable per-test report ({one_line(str(err))})"
+            return result
+        result.tests, result.collected, result.counts = (
+            parsed.tests,
+            parsed.collected,
+            parsed.invariants,
+        )
         return result

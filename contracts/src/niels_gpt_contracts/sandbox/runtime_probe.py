@@ -7,7 +7,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import msgspec
+
 from niels_gpt_contracts import specpath
+from niels_gpt_contracts.decoding import Malformed, decode, last_line, one_line
 from niels_gpt_contracts.sandbox import processes
 from niels_gpt_contracts.sandbox.environment import Sandbox
 from niels_gpt_contracts.stagespec import Rule
@@ -20,14 +23,14 @@ def rule_key(rule: Rule) -> str:
     return f"{rule.params['driver']}#{rule.id}"
 
 
-@dataclass(frozen=True)
-class Recorded:
-    """What one rule's driver dispatched inside its ``record()`` blocks."""
+class Recorded(msgspec.Struct, frozen=True):
+    """What one rule's driver dispatched inside its ``record()`` blocks (the probe's
+    answer for one rule, ``_runtime_probe._probe``: every field is required there)."""
 
-    ops: tuple[str, ...] = ()
-    casts: tuple[str, ...] = ()
-    blocks: int = 0
-    error: str | None = None
+    ops: tuple[str, ...]
+    casts: tuple[str, ...]
+    blocks: int
+    error: str | None
 
 
 @dataclass
@@ -67,20 +70,23 @@ def run(
     if done.timed_out:
         out.problem = f"the runtime probe timed out after {timeout:g} s"
         return out
-    lines = done.stdout.strip().splitlines()
-    try:
-        data = json.loads(lines[-1]) if done.code == 0 and lines else None
-        if not isinstance(data, dict):
-            raise ValueError("no result line")
-        for rule in rules:
-            got = data[rule_key(rule)]
-            out.recorded[rule_key(rule)] = Recorded(
-                tuple(map(str, got["ops"])),
-                tuple(map(str, got["casts"])),
-                int(got["blocks"]),
-                None if got["error"] is None else str(got["error"]),
-            )
-    except (ValueError, KeyError, TypeError) as err:
-        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        out.problem = f"the runtime probe failed (exit {done.code}, {err}): {tail}"
+    out.recorded, out.problem = read_answer(done.code, done.stdout, done.stderr, rules)
     return out
+
+
+def read_answer(
+    code: int | None, stdout: str, stderr: str, rules: Sequence[Rule]
+) -> tuple[dict[str, Recorded], str | None]:
+    """The probe's answer for ``rules`` (by ``rule_key``), or ``({}, problem)``: a
+    non-zero exit, no answer, one of another shape, or a rule left unanswered."""
+    try:
+        if code != 0:
+            raise Malformed("no answer")
+        data = decode(last_line(stdout), dict[str, Recorded], "expected a record per rule")
+        missing = [rule_key(r) for r in rules if rule_key(r) not in data]
+        if missing:
+            raise Malformed(one_line(f"expected a record for {missing[0]}, found none"))
+    except Malformed as err:
+        tail = one_line(last_line(stderr) or "no output")
+        return {}, f"the runtime probe failed (exit {code}, {err}): {tail}"
+    return {rule_key(r): data[rule_key(r)] for r in rules}, None

@@ -37,8 +37,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 
+from niels_gpt_contracts.decoding import convert, decode
 from niels_gpt_contracts.sandbox import processes
 from niels_gpt_contracts.sandbox.environment import Sandbox
 from niels_gpt_contracts.sandbox.oracle_run import Call, Stream
@@ -188,10 +190,27 @@ def write(
     raise Refused(why)
 
 
+class _Replayed(msgspec.Struct, frozen=True):
+    """What ``shrink`` reads of a ``meta.json``: the recipes replayed before the call."""
+
+    history: list[dict[str, Any]] = []
+
+
+def _read_meta(folder: Path) -> tuple[dict[str, Any], _Replayed]:
+    """``meta.json`` as written (every field kept) and decoded for its history.
+
+    Raises:
+        OSError: no such file.
+        Malformed: not a JSON object, or a ``history`` that is not a list of objects.
+    """
+    path = folder / "meta.json"
+    meta = decode(path.read_bytes(), dict[str, Any], f"{path}: expected a reproducer's meta")
+    return meta, convert(meta, _Replayed, f"{path}: expected a reproducer's meta")
+
+
 def history_length(script: Path) -> int:
     """How many calls the reproducer beside ``script`` replays before its own."""
-    meta = json.loads((script.parent / "meta.json").read_text(encoding="utf-8"))
-    return len(meta.get("history", []))
+    return len(_read_meta(script.parent)[1].history)
 
 
 def trim(script: Path, keep: int) -> None:
@@ -199,8 +218,8 @@ def trim(script: Path, keep: int) -> None:
     from safetensors.numpy import load_file
 
     folder = script.parent
-    meta = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
-    meta["history"] = meta.get("history", [])[:keep]
+    meta, replayed = _read_meta(folder)
+    meta["history"] = replayed.history[:keep]
     inputs = load_file(str(folder / "inputs.safetensors"))
     kept = {
         k: a

@@ -117,7 +117,7 @@ def device_counts(runs: list[pytest_run.PytestRun]) -> devices.DeviceReport:
         for inv, counts in run.counts.items():
             into = merged.setdefault(inv, dict.fromkeys(pytest_run.OUTCOMES, 0))
             for key in pytest_run.OUTCOMES:
-                into[key] += int(counts.get(key, 0))
-            into["failed_tests"] = [*into.get("failed_tests", []), *counts.get("failed_tests", [])]
+                into[key] += getattr(counts, key)
+            into["failed_tests"] = [*into.get("failed_tests", []), *counts.failed_tests]
     status = max((r.code or 0) if r.problem is None else 2 for r in runs)
     return devices.DeviceReport(runs[0].device, "(contracts pr runs)", status, merged)

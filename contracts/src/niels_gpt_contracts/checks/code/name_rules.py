@@ -16,6 +16,7 @@ from collections.abc import Mapping
 
 from niels_gpt_contracts.checks.code import names
 from niels_gpt_contracts.checks.code.source import ALLOWED_IMPORTS
+from niels_gpt_contracts.decoding import Malformed
 from niels_gpt_contracts.gitdiff import Tree
 from niels_gpt_contracts.result import Violation
 from niels_gpt_contracts.rules import Rule
@@ -130,13 +131,14 @@ def check_names(
                 pending.setdefault(dotted, []).append((path, line))
     if interpreter is None or not pending:
         return found
-    resolved = names.resolve(list(pending), *interpreter)
-    if "__error__" in resolved:
+    try:
+        resolved = names.resolve(list(pending), *interpreter)
+    except Malformed as err:
         path, line = next(iter(pending.values()))[0]
-        why = f"names could not be resolved: {resolved['__error__']}"
+        why = f"names could not be resolved: {err}"
         return [*found, Violation(SOURCE_NAME.id, path, line, why, spec.id, check)]
     for dotted, places in sorted(pending.items()):
-        why = names.judge_resolved(dotted, resolved.get(dotted, {"kind": "missing"}))
+        why = names.judge_resolved(dotted, resolved.get(dotted, names.MISSING))
         if why:
             for path, line in places:
                 found.append(Violation(SOURCE_NAME.id, path, line, why, spec.id, check))

@@ -33,9 +33,12 @@ import json
 import subprocess
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Literal
+
+import msgspec
 
 from niels_gpt_contracts.checks.code.source import ALLOWED_IMPORTS, INTERPRETER_MODULES
+from niels_gpt_contracts.decoding import Malformed, decode, last_line, one_line
 from niels_gpt_contracts.rules import Rule
 
 # The rules this module emits, each with what SARIF shows of it; defining one
@@ -274,27 +277,46 @@ def foreign_writes(tree: ast.Module) -> Iterator[Finding]:
                 )
 
 
-def judge_resolved(dotted: str, found: Mapping[str, Any]) -> str | None:
+class Resolved(msgspec.Struct, frozen=True):
+    """What the name probe found a dotted name to be (``_name_probe.resolve``).
+
+    ``modules``: the module objects met on the way; ``defined_in``: the module
+    the last object was defined in; ``markers``: names in its bytecode that
+    run programs or load code; ``generator``: it is (or holds) a torch random
+    generator; ``why``: why a ``missing`` name did not resolve.
+    """
+
+    kind: Literal["module", "class", "function", "other", "missing"]
+    modules: tuple[str, ...]
+    defined_in: str | None = None
+    qualname: str | None = None
+    markers: tuple[str, ...] = ()
+    generator: bool = False
+    why: str | None = None
+
+
+MISSING = Resolved("missing", ())
+
+
+def judge_resolved(dotted: str, found: Resolved) -> str | None:
     """Why a resolved library chain is refused, or ``None``."""
-    for module in found.get("modules", []):
-        if _module_problem(str(module)):
-            return f"{dotted} reaches the module {module}: {_module_problem(str(module))}"
-    kind, defined = found.get("kind"), found.get("defined_in")
+    for module in found.modules:
+        if _module_problem(module):
+            return f"{dotted} reaches the module {module}: {_module_problem(module)}"
+    kind, defined = found.kind, found.defined_in
     if kind == "missing":
         return None
     # torch's own functions are defined in its private extension (torch._C): only
     # the interpreter's modules and the denied ones count for where a thing lives.
-    if kind != "module" and isinstance(defined, str) and _home_problem(defined):
+    if kind != "module" and defined is not None and _home_problem(defined):
         return f"{dotted} is defined in {defined}: {_home_problem(defined)}"
-    markers = found.get("markers") or []
-    if markers:
-        return f"{dotted} runs programs or loads code (its code uses {', '.join(markers)})"
-    qualname = found.get("qualname")
-    own_name = qualname.rsplit(".", 1)[-1] if isinstance(qualname, str) else ""
+    if found.markers:
+        return f"{dotted} runs programs or loads code (its code uses {', '.join(found.markers)})"
+    own_name = (found.qualname or "").rsplit(".", 1)[-1]
     last = dotted.rsplit(".", 1)[-1]
     if last in GLOBAL_STATE or own_name in GLOBAL_STATE or "register_module_" in dotted:
         return f"{dotted} changes torch's global state, for every stage"
-    if found.get("generator") or GLOBAL_GENERATORS & set(dotted.split(".")):
+    if found.generator or GLOBAL_GENERATORS & set(dotted.split(".")):
         return f"{dotted} is a process-wide random generator: it can reseed every stage's draws"
     return None
 
@@ -317,8 +339,13 @@ def _module_problem(name: str) -> str | None:
     return None
 
 
-def resolve(names: list[str], python: str, env: Mapping[str, str] | None) -> dict[str, Any]:
-    """Resolve library chains in ``python`` (no code of the tree); ``{}`` when it cannot run."""
+def resolve(names: list[str], python: str, env: Mapping[str, str] | None) -> dict[str, Resolved]:
+    """Resolve library chains in ``python`` (no code of the tree); ``{}`` for no names.
+
+    Raises:
+        Malformed: the probe did not run, or printed no ``{name: Resolved}`` object
+            (one line: "the name probe failed: <why>").
+    """
     if not names:
         return {}
     try:
@@ -332,7 +359,7 @@ def resolve(names: list[str], python: str, env: Mapping[str, str] | None) -> dic
             timeout=300,
             check=False,
         )
-        data = json.loads(done.stdout.strip().splitlines()[-1])
-    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError) as err:
-        return {"__error__": f"the name probe failed: {err}"}
-    return data if isinstance(data, dict) else {"__error__": "the name probe printed no object"}
+    except (OSError, subprocess.TimeoutExpired) as err:
+        raise Malformed(one_line(f"the name probe failed: {err}")) from None
+    what = "the name probe failed: expected an object of resolved names"
+    return decode(last_line(done.stdout), dict[str, Resolved], what)

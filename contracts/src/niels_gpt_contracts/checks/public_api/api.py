@@ -24,12 +24,16 @@ from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
+from niels_gpt_contracts.checks.public_api.answer import Found, Method
 from niels_gpt_contracts.checks.public_api.api_source import judge_source
 from niels_gpt_contracts.checks.public_api.signatures import (
     compare_signatures,
     norm,
     parse_signature,
 )
+from niels_gpt_contracts.decoding import Malformed, decode, last_line, one_line
 from niels_gpt_contracts.errors import ConfigError
 from niels_gpt_contracts.gitdiff import Tree, WorkingTree
 from niels_gpt_contracts.result import Violation
@@ -118,7 +122,7 @@ def probe(
     python: str = sys.executable,
     env: Mapping[str, str] | None = None,
     only: Collection[str] | None = None,
-) -> list[dict[str, Any]]:
+) -> list[Found]:
     """Run the import probe over ``entries`` on ``tree``; one result per entry.
 
     ``python`` and ``env`` choose the interpreter that imports the tree's code
@@ -164,24 +168,29 @@ def probe(
             )
         except subprocess.TimeoutExpired:
             why = f"import probe timed out after {TIMEOUT_S} s"
-            return [{"object": e.object, "probe_error": why, "timed_out": True} for e in entries]
-        lines = done.stdout.strip().splitlines()
-        if done.returncode != 0 or not lines:
-            tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
-            return [
-                {
-                    "object": e.object,
-                    "probe_error": f"import probe failed (exit {done.returncode}): {tail}",
-                }
-                for e in entries
-            ]
-        results: list[dict[str, Any]] = json.loads(lines[-1])
-        return results
+            return [Found(e.object, probe_error=why, timed_out=True) for e in entries]
+        return read_answer(done.returncode, done.stdout, done.stderr, entries)
 
 
-def judge(
-    spec: Spec, entry: ApiEntry, found: Mapping[str, Any], tree: Tree | None = None
-) -> list[Violation]:
+def read_answer(code: int, stdout: str, stderr: str, entries: list[ApiEntry]) -> list[Found]:
+    """The probe's answers for ``entries``, in order; where the probe failed, or
+    answered with another shape or for other objects, a ``probe_error`` for each."""
+    tail = one_line(last_line(stderr) or "no output")
+    if code != 0 or not last_line(stdout):
+        why = f"import probe failed (exit {code}): {tail}"
+        return [Found(e.object, probe_error=why) for e in entries]
+    try:
+        found = decode(last_line(stdout), list[Found], "expected one answer per API entry")
+        wanted, got = [e.object for e in entries], [f.object for f in found]
+        if got != wanted:
+            raise Malformed(one_line(f"expected answers for {wanted}, found {got}"))
+    except Malformed as err:
+        why = f"import probe answered something else ({err}): {tail}"
+        return [Found(e.object, probe_error=why) for e in entries]
+    return found
+
+
+def judge(spec: Spec, entry: ApiEntry, found: Found, tree: Tree | None = None) -> list[Violation]:
     """Violations of one API entry given what the probe found.
 
     With ``tree``, every function and method is also read from its source
@@ -189,61 +198,59 @@ def judge(
     is ``api.source``.
     """
     out: list[Violation] = []
-    path: str | None = found.get("file")
-    line: int | None = found.get("line")
+    path, line = found.file, found.line
 
     def add(rule: str, message: str, at: tuple[str | None, int | None] | None = None) -> None:
         p, n = at if at is not None else (path, line)
         out.append(Violation(rule, p, n, f"{entry.object}: {message}", spec.id, "api"))
 
-    if "probe_error" in found:
-        add(API_PROBE.id, found["probe_error"])
+    if found.probe_error is not None:
+        add(API_PROBE.id, found.probe_error)
         return out
-    if "error" in found:
-        add(API_MISSING.id, f"expected a {entry.kind}, found: {found['error']}")
+    if found.error is not None:
+        add(API_MISSING.id, f"expected a {entry.kind}, found: {found.error}")
         return out
-    if found["kind"] != entry.kind:
-        add(API_KIND.id, f"expected a {entry.kind}, found a {found['kind']}")
+    if found.kind != entry.kind:
+        add(API_KIND.id, f"expected a {entry.kind}, found a {found.kind}")
         return out
     if entry.signature is not None:
-        if "signature_error" in found:
-            add(API_SIGNATURE.id, f"signature cannot be read: {found['signature_error']}")
+        if found.signature is None:
+            why = found.signature_error or "the probe sent none"
+            add(API_SIGNATURE.id, f"signature cannot be read: {why}")
         else:
-            for diff in compare_signatures(parse_signature(entry.signature), found["signature"]):
+            inspected = found.signature.data()
+            for diff in compare_signatures(parse_signature(entry.signature), inspected):
                 add(API_SIGNATURE.id, diff)
             if tree is not None:
-                for rule, message, p, n in judge_source(
-                    "", found["signature"], found.get("source"), tree
-                ):
+                for rule, message, p, n in judge_source("", inspected, found.source, tree):
                     add(rule, message, (p or path, n or line))
     for name, text in entry.methods.items():
-        got = found.get("methods", {}).get(name, {"error": "not probed"})
-        if "error" in got:
-            add(API_SIGNATURE.id, f"expected method {name}{text}, found: {got['error']}")
+        got = found.methods.get(name, Method(error="not probed"))
+        if got.signature is None:
+            add(API_SIGNATURE.id, f"expected method {name}{text}, found: {got.error}")
             continue
-        at = tuple(got.get("where") or (path, line))
+        at = got.where or (path, line)
+        inspected = got.signature.data()
         for diff in compare_signatures(
-            parse_signature(text), got["signature"], is_init=name == "__init__"
+            parse_signature(text), inspected, is_init=name == "__init__"
         ):
-            add(API_SIGNATURE.id, f"{name}: {diff}", (at[0], at[1]))
+            add(API_SIGNATURE.id, f"{name}: {diff}", at)
         if tree is not None:
             for rule, message, p, n in judge_source(
-                f"{name}: ", got["signature"], got.get("source"), tree, is_init=name == "__init__"
+                f"{name}: ", inspected, got.source, tree, is_init=name == "__init__"
             ):
                 add(rule, message, (p or at[0], n or at[1]))
     if entry.fields is not None:
         expected = {k: norm(ast.parse(v, mode="eval").body) for k, v in entry.fields.items()}
-        got_fields = found.get("fields", {})
-        if expected != got_fields:
-            add(API_FIELDS.id, f"expected fields {expected}, found {got_fields}")
+        if expected != found.fields:
+            add(API_FIELDS.id, f"expected fields {expected}, found {found.fields}")
     if entry.exports is not None:
-        exported, public = found.get("all"), found.get("public", [])
         want = sorted(entry.exports)
-        if exported is None:
+        if found.all is None:
             add(API_EXPORTS.id, f"expected __all__ = {want}, found no __all__")
-        elif sorted(exported) != want:
-            add(API_EXPORTS.id, f"expected __all__ = {want}, found {sorted(exported)}")
-        extra = sorted(set(public) - set(entry.exports))
+        elif sorted(found.all) != want:
+            add(API_EXPORTS.id, f"expected __all__ = {want}, found {sorted(found.all)}")
+        extra = sorted(set(found.public) - set(entry.exports))
         if extra:
             add(
                 API_EXPORTS.id,
@@ -251,12 +258,12 @@ def judge(
                 f"{extra} (make them private or list them)",
             )
     if entry.same_as is not None:
-        if "same_error" in found:
+        if found.same_error is not None:
             add(
                 API_IDENTITY.id,
-                f"expected the same object as {entry.same_as}, found: {found['same_error']}",
+                f"expected the same object as {entry.same_as}, found: {found.same_error}",
             )
-        elif not found.get("same"):
+        elif not found.same:
             add(
                 API_IDENTITY.id,
                 f"expected the very object {entry.same_as} (a re-export), found a different object",
@@ -283,16 +290,20 @@ def check_api(
     """
     entries = [(s, e) for s in specs for e in s.api]
     results = probe(tree, [e for _, e in entries], python, env, only)
-    if base is not None and any(r.get("timed_out") for r in results):
+    if base is not None and any(r.timed_out for r in results):
         again = probe(base[0], [e for _, e in entries], python, env, base[1])
-        if any(r.get("timed_out") for r in again):
+        if any(r.timed_out for r in again):
             raise ConfigError(
                 f"could not judge: the import probe timed out after {TIMEOUT_S} s on the PR's "
                 "code and on the base's (the machine is too busy, not the PR too slow)"
             )
-        for r in results:
-            if r.get("timed_out"):
-                r["probe_error"] += ", where the base's code answered in time"
+        answered = ", where the base's code answered in time"
+        results = [
+            msgspec.structs.replace(r, probe_error=f"{r.probe_error}{answered}")
+            if r.timed_out
+            else r
+            for r in results
+        ]
     out: dict[str, list[Violation]] = {s.id: [] for s in specs}
     for (spec, entry), found in zip(entries, results, strict=True):
         out[spec.id].extend(judge(spec, entry, found, tree))

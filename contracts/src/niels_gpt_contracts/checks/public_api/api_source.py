@@ -18,6 +18,7 @@ import ast
 from collections.abc import Mapping
 from typing import Any
 
+from niels_gpt_contracts.checks.public_api.answer import Origin
 from niels_gpt_contracts.checks.public_api.signatures import compare_signatures, from_def, render
 from niels_gpt_contracts.gitdiff import Tree
 from niels_gpt_contracts.rules import Rule
@@ -116,7 +117,7 @@ def _init_params(fields: list[ast.AnnAssign], every: bool) -> tuple[list[str], l
 def judge_source(
     label: str,
     inspected: Mapping[str, Any],
-    origin: Mapping[str, Any] | None,
+    origin: Origin | None,
     tree: Tree,
     *,
     is_init: bool = False,
@@ -133,16 +134,16 @@ def judge_source(
                 None,
             )
         ]
-    path, line, name = str(origin["file"]), int(origin["line"]), str(origin["name"])
+    path, line, name = origin.file, origin.line, origin.name
     text = tree.read(path)
     written: Mapping[str, Any] | None = None
-    if text is not None and origin.get("dataclass"):
+    if text is not None and origin.dataclass:
         written = dataclass_init(text, name, line)
     elif text is not None:
         node = find_def(text, name, line)
         written = from_def(node) if node is not None else None
     if written is None:
-        what = f"@dataclass class {name}" if origin.get("dataclass") else f"def {name}"
+        what = f"@dataclass class {name}" if origin.dataclass else f"def {name}"
         return [
             (API_SOURCE.id, f"{label}expected a '{what}' at {path}:{line}, found none", path, line)
         ]
