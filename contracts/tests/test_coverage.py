@@ -177,6 +177,29 @@ def test_a_spec_amendment_whose_driver_leaves_an_axis_unswept_is_refused(
     ), out
 
 
+SIZED = DRIVER + '    o.call("gpt2", f, axes=("size",))\n'
+
+
+@pytest.mark.parametrize("swept", [True, False])
+def test_the_size_axis_is_declared_and_swept_like_any_other(repo: Repo, swept: bool) -> None:
+    """``size`` (real-size draws of each shape-polymorphic call) is an axis the schema
+    takes; a driver that names it in no call is refused for it."""
+    _declare(repo, SIZED if swept else DRIVER)
+    repo.replace("specs/alpha.toml", '"grad2"]', '"grad2", "size"]')
+    code, out = repo.gate_json("--no-api", "--stage", "alpha")
+    assert (code, rules(out)) == (
+        (0, set()) if swept else (1, {("oracle.coverage", "specs/alpha.toml")})
+    ), out
+    assert swept or any("'size'" in v["message"] for v in out["violations"])
+
+
+def test_an_axis_the_schema_does_not_know_is_refused(repo: Repo) -> None:
+    _declare(repo, SIZED)
+    repo.replace("specs/alpha.toml", '"grad2"]', '"grad2", "sizes"]')
+    code, out = repo.gate_json("--no-api", "--stage", "alpha")
+    assert code == 2, out
+
+
 def _answer(stage: str, name: str, axes: tuple[str, ...]) -> Call:
     return Call(stage, name, "", 1, 1, (), (), None, None, None, "", {}, (), {}, axes)
 

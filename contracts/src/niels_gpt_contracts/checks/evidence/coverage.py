@@ -2,7 +2,7 @@
 
 A spec's ``[oracle]`` table may name ``axes``: the parts of the stage's
 domain its driver must sweep (``magnitude``, ``dtype``, ``layout``,
-``config``, ``modes``, ``grad2``, ``history``, ``errors``, ``combos``; see
+``config``, ``modes``, ``grad2``, ``history``, ``errors``, ``combos``, ``size``; see
 specs/spec.schema.json). A driver marks the calls that sweep an axis with
 ``o.call(..., axes=("magnitude", ...))``. This check reads the driver file
 and every other ``.py`` file beside it under ``specs/<stage>/`` (the modules
@@ -36,7 +36,7 @@ ORACLE_COVERAGE = Rule(
     "oracle.coverage",
     "A domain axis the spec declares is never swept by its oracle driver.",
     "A spec's [oracle] axes name the parts of the stage's domain the oracle must draw "
-    "from (magnitude, dtype, layout, config, modes, grad2, history, errors, combos). "
+    "from (magnitude, dtype, layout, config, modes, grad2, history, errors, combos, size). "
     "A driver that never tags a call with one of them leaves that part of the contract "
     "unjudged, so the spec is refused until it does.",
     'Add calls tagged axes=("<axis>",) to the stage\'s driver, or amend the spec.',
