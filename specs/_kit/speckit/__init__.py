@@ -10,7 +10,10 @@ that needs the torch-only sweeps brings no test library and no stage in):
 - ``module_sweeps``: a ``(B, T, C)`` module's whole domain sweep, a table
   (``ModuleSweep``) a stage fills in; it imports ``sweeps``;
 - ``model_sweeps``: a whole model's domain sweep, the ``ModelSweep`` table the
-  model stages fill in; it imports ``sweeps``.
+  model stages fill in; it imports ``sweeps``;
+- ``sizes``: the ``size`` axis, a real model's sizes (GPT-2 small's) and one
+  wide draw from the secret seed for each shape-polymorphic call (the
+  standard library only).
 
 How spec-side code is imported (decided here, once). Nothing under
 ``specs/`` is loaded by path. Every run of spec-side code puts folders on
