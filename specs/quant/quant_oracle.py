@@ -32,7 +32,9 @@ bfloat16 autocast, widths the fused kernel takes (64) and widths it does not
 backward, drawn GPT configs, a ``state_dict`` round trip and repeated calls,
 the documented bad inputs, and the stages a user stacks on a quantized model:
 the fast path, a KV cache (cached chunks equal to the uncached forward),
-``kv_cache.generate`` and padded batches.
+``kv_cache.generate`` and padded batches. Size (4.0): ``quantize_weight`` of
+GPT-2 small's 2304 x 768 and 3072 x 768 float32 weights and of two drawn wide
+(``speckit.sizes``), and one layer forward at each, with the error bound.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import torch
+from speckit import sizes
 from torch import nn
 
 from niels_gpt.config import ModelConfig
@@ -192,6 +195,49 @@ def _layer(o: Oracle) -> None:
             computes_in=torch.bfloat16,
             axes=("modes",),
         )
+
+
+def _sizes(o: Oracle) -> None:
+    """``size``: each weight of GPT-2 small's and of the wide draw quantized, and one float32
+    layer of it run on ``x`` ``(2, 3, C)``, its output within the scales' error bound."""
+    for size in sizes.real_sizes(o, "size"):
+        for rows in size.rows:
+            shape = f"{rows}x{size.C}"
+            name = f"size/layer/{size.name}/{shape}"
+            w = o.randn(rows, size.C, tag=f"size-w-{shape}", dtype=torch.float32)  # (O, C)
+            o.call(
+                f"size/weight/{size.name}/{shape}",
+                partial(quantize_weight, w),
+                desc=f"({rows}, {size.C}) f32 weight, {size.name} sizes",
+                stages=1,
+                reduction=1,
+                axes=("size",),
+            )
+            if not o.wants(name):
+                continue
+            linear = nn.Linear(size.C, rows)
+            o.load_weights(linear, f"size-lin-{shape}")
+            layer = quantize_linear(linear).eval()
+            x = o.randn(2, 3, size.C, tag=f"size-x-{shape}", dtype=torch.float32)  # (2, 3, C)
+
+            def run(
+                x: torch.Tensor = x, layer: Int8Linear = layer, linear: nn.Linear = linear
+            ) -> dict[str, Any]:
+                with torch.no_grad():
+                    y = layer(x)  # (2, 3, O)
+                eps = _slack(torch.float32, layer.in_features) / (layer.in_features + 4)
+                return {"y": y, "excess": _excess(layer, linear, x, y, eps)}
+
+            o.call(
+                name,
+                run,
+                desc=f"Int8Linear({size.C}, {rows}) f32, x (2, 3, {size.C}), {size.name} sizes",
+                stages=3,
+                reduction=size.C,
+                relations=[o.zero((name, "excess", ()), says="the scales' error bound")],
+                computes_in=torch.bfloat16,  # 3.0: bfloat16 activations on a CPU
+                axes=("size",),
+            )
 
 
 def _config(o: Oracle, tag: str) -> ModelConfig:
@@ -378,5 +424,6 @@ def calls(o: Oracle) -> None:
     """Every call of the quant stage's oracle."""
     _weights(o)
     _layer(o)
+    _sizes(o)
     _models(o)
     _errors(o)
