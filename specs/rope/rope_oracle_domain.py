@@ -16,7 +16,10 @@ answers, in float64 unless the axis is the dtype:
 - modes, layout, dtype, config, errors: ``no_grad``, ``inference_mode``,
   ``enable_grad`` under ``no_grad``; transposed, strided and expanded q and k
   and sliced tables; float16 and bfloat16 tables and rotations, bfloat16
-  autocast; head dims 2 and 512, length 1; bad calls raising as the base.
+  autocast; head dims 2 and 512, length 1; bad calls raising as the base;
+- size (rope 5.0): ``rope_cache`` and ``apply_rope`` in float32 at GPT-2
+  small's T = 1024, D = 64 and H = 12 heads of one row, and at T, D and H
+  drawn wide by the secret seed (``speckit.sizes``); judged by the reference.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import torch
-from speckit import sweeps
+from speckit import sizes, sweeps
 
 import niels_gpt.model.rope as rope
 
@@ -239,6 +242,33 @@ def _errors(o: Oracle) -> None:
     sweeps.errors(o, cases, "bad call")
 
 
+def _sizes(o: Oracle) -> None:
+    """``size``: a float32 table of ``T`` x ``D`` and one row of ``H`` heads rotated by it."""
+    for size in sizes.real_sizes(o, "size"):
+        t, d, h, at = size.T, size.D, size.H, f"domain/size/{size.name}"
+        o.call(
+            f"{at}/cache",
+            partial(rope.rope_cache, t, d),
+            desc=f"rope_cache(T={t}, D={d}) float32, {size.name} sizes",
+            stages=2,
+            reduction=2,
+            axes=("size",),
+        )
+        if not o.wants(f"{at}/apply"):
+            continue
+        sin, cos = rope.rope_cache(t, d)  # (1, 1, T, D/2) float32 each
+        q = o.randn(1, h, t, d, tag=f"size-q-{size.name}", dtype=torch.float32)  # (1, H, T, D)
+        k = o.randn(1, h, t, d, tag=f"size-k-{size.name}", dtype=torch.float32)  # (1, H, T, D)
+        o.call(
+            f"{at}/apply",
+            partial(rope.apply_rope, q, k, sin, cos),
+            desc=f"apply_rope q,k (1, {h}, {t}, {d}) float32, {size.name} sizes",
+            stages=2,
+            reduction=2,
+            axes=("size",),
+        )
+
+
 def calls(o: Oracle) -> None:
     """Every ``domain/...`` call of the rope stage's oracle."""
     _magnitude(o)
@@ -247,3 +277,4 @@ def calls(o: Oracle) -> None:
     _modes_layout(o)
     _dtypes_configs(o)
     _errors(o)
+    _sizes(o)
