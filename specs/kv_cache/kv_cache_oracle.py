@@ -25,6 +25,11 @@ from the verdict's secret seed:
   both models through the same cache lengths, the fast model's ids equal to
   the explicit model's in float64 (an invariant).
 
+Size (13.0 of the spec): ``filter_logits`` on two rows of float32 logits over
+GPT-2 small's vocabulary (V = 50257) and over one drawn wide by the secret
+seed (``speckit.sizes``, V to 131072), with GPT-2's usual sampling knobs
+(temperature 0.8, top_k 50, top_p 0.9) and with knobs drawn as ``filter/*``'s.
+
 Single-token cached steps fall under ``no-cat-on-decode`` and ``generate``
 calls under ``no-cat-in-generate`` (their ops are recorded).
 """
@@ -36,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 import kv_cache_oracle_domain
 import torch
+from speckit import sizes
 
 from niels_gpt.config import ModelConfig
 from niels_gpt.model.fastpath import use_fast_attention
@@ -337,6 +343,29 @@ def _combos(o: Oracle) -> None:
                     )
 
 
+def _sizes(o: Oracle) -> None:
+    """``size``: ``filter_logits`` on ``(2, V)`` float32 logits at each of ``sizes.real_sizes``."""
+    for size in sizes.real_sizes(o, "size"):
+        r = o.rng(f"size-filter-{size.name}")
+        drawn: dict[str, Any] = {
+            "temperature": r.choice((1.0, 0.5, 0.0, 2.0)),
+            "top_k": r.choice((None, 1, 10, 1000)),
+            "top_p": r.choice((None, 1.0, 0.5, 0.01)),
+        }
+        usual: dict[str, Any] = {"temperature": 0.8, "top_k": 50, "top_p": 0.9}
+        tag = f"size-logits-{size.name}"
+        logits = 3.0 * o.randn(2, size.V, tag=tag, dtype=torch.float32)  # (2, V)
+        for label, knobs in (("usual", usual), ("drawn", drawn)):
+            o.call(
+                f"size/filter/{size.name}/{label}",
+                partial(filter_logits, logits, **knobs),
+                desc=f"filter_logits (2, {size.V}) float32 {knobs}, {size.name} sizes",
+                stages=2,
+                reduction=size.V,
+                axes=("size",),
+            )
+
+
 def calls(o: Oracle) -> None:
     """Every call of the kv_cache stage's oracle, its domain sweeps last."""
     for run in range(6):
@@ -346,3 +375,4 @@ def calls(o: Oracle) -> None:
     _filters_and_bad(o)
     _combos(o)
     kv_cache_oracle_domain.calls(o)
+    _sizes(o)
