@@ -20,6 +20,12 @@ knobs drawn from the verdict's secret seed:
   base's answers, the fast model's ids must equal the explicit model's, and
   each row's tokens those of its real prompt generated alone (invariants).
 
+Size (12.0 of the spec): ``apply_rope_rows`` in float32 on two left-padded
+rows of GPT-2 small's H = 12 heads, T = 1024, D = 64, and ``padded_cross_entropy``
+with its gradient on two rows of 8 float32 logits over its vocabulary
+(V = 50257); each once more at sizes drawn wide by the secret seed
+(``speckit.sizes``).
+
 Padded forwards fall under ``no-sdpa-runtime``, padded generation under
 ``no-sdpa-in-generate`` and ``no-cat-in-generate`` (batches with a pad: a
 fast-path model runs its own forward on a batch without one).
@@ -32,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import padding_oracle_domain
 import torch
+from speckit import sizes
 
 import niels_gpt.model.rope as rope
 from niels_gpt.config import ModelConfig
@@ -292,6 +299,47 @@ def _combos(o: Oracle) -> None:
                         )
 
 
+def _sized_loss(logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> Any:
+    """``padded_cross_entropy`` of ``logits`` ``(B, t, V)`` and its gradient in them."""
+    z = logits.detach().requires_grad_(True)  # (B, t, V)
+    loss = padded_cross_entropy(z, targets, mask)
+    torch.autograd.backward(loss)
+    return {"loss": loss.detach(), "grad": z.grad}
+
+
+def _sizes(o: Oracle) -> None:
+    """``size``: per-row rotations and the padded loss at each of ``sizes.real_sizes``."""
+    for size in sizes.real_sizes(o, "size"):
+        h, t, d, v, at = size.H, size.T, size.D, size.V, f"size/{size.name}"
+        if o.wants(f"{at}/rope_rows"):
+            sin, cos = rope.rope_cache(t, d)  # (1, 1, T, D/2) float32 each
+            q = o.randn(2, h, t, d, tag=f"size-q-{size.name}", dtype=torch.float32)  # (2, H, T, D)
+            k = o.randn(2, h, t, d, tag=f"size-k-{size.name}", dtype=torch.float32)  # (2, H, T, D)
+            pads = _pads(o, f"size-pads-{size.name}", 2, t)
+            cols = torch.arange(t)  # (T,)
+            positions = (cols[None, :] - torch.tensor(pads)[:, None]).clamp(min=0)  # (2, T)
+            o.call(
+                f"{at}/rope_rows",
+                partial(apply_rope_rows, q, k, sin, cos, positions),
+                desc=f"apply_rope_rows (2, {h}, {t}, {d}) float32 pads={pads}, {size.name} sizes",
+                stages=2,
+                reduction=2,
+                axes=("size",),
+            )
+        logits = 3.0 * o.randn(2, 8, v, tag=f"size-logits-{size.name}", dtype=torch.float32)
+        targets = o.randint(v, 2, 8, tag=f"size-targets-{size.name}")  # (2, 8)
+        pads = _pads(o, f"size-loss-pads-{size.name}", 2, 8)
+        o.call(
+            f"{at}/loss",
+            partial(_sized_loss, logits, targets, _mask(pads, 8)),  # logits: (2, 8, V)
+            desc=f"padded_cross_entropy (2, 8, {v}) float32 pads={pads}, backward, "
+            f"{size.name} sizes",
+            stages=4,
+            reduction=v,
+            axes=("size",),
+        )
+
+
 def calls(o: Oracle) -> None:
     """Every call of the padding stage's oracle, its domain sweeps last."""
     for i in range(6):
@@ -301,3 +349,4 @@ def calls(o: Oracle) -> None:
     _rows_and_bad(o)
     _combos(o)
     padding_oracle_domain.calls(o)
+    _sizes(o)
