@@ -97,6 +97,24 @@ def test_attention():
     with torch.no_grad():
         torch.testing.assert_close(attn(x), want.detach(), rtol=1e-9, atol=1e-9)
 """
+QUANT = """\
+import torch
+
+from niels_gpt.model.quant import quantize_linear, quantize_weight
+
+
+def test_quant():
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(64, 24).double()
+    q, s = quantize_weight(linear.weight)
+    assert q.dtype == torch.int8 and int(q.abs().max()) <= 127
+    error = (q.double() * s[:, None] - linear.weight.detach()).abs()
+    assert bool((error <= s[:, None] / 2).all())
+    layer = quantize_linear(linear)
+    x = torch.randn(3, 64, dtype=torch.float64)
+    want = torch.nn.functional.linear(x, layer.dequantize(), layer.bias)
+    torch.testing.assert_close(layer(x), want, rtol=1e-10, atol=1e-10)
+"""
 MODEL = """\
 import torch
 
@@ -149,7 +167,7 @@ def test_text(stage: str, spec: dict[str, Any]) -> str:
         extra, body = BODIES[stage]
         text = MODEL.format(stage=stage, extra=extra, body=body)
     else:
-        text = {"core": CORE, "rope": ROPE, "attention": ATTENTION}[stage]
+        text = {"core": CORE, "rope": ROPE, "attention": ATTENTION, "quant": QUANT}[stage]
     head, _, tail = text.partition(f"\ndef test_{stage}(")
     return "import pytest\n" + head + "\n" + marks + f"def test_{stage}(" + tail
 
