@@ -82,3 +82,17 @@ def test_weights_quantized_in_pieces_past_the_grids_sizes_are_refused(
     assert rows(out)["oracle:cpu"] == "BROKEN", rows(out)
     oracle = [v["message"] for v in out["violations"] if v["rule"].startswith("oracle.")]
     assert any("size/" in m for m in oracle), [m[:300] for m in oracle]
+
+
+def test_an_honest_refactor_of_quantize_weight_is_kept(quant_repo: RealRepo) -> None:
+    """The control: the rows' largest magnitudes taken with ``max(dim=1).values``, the same
+    numbers at every size, the size calls included (against the base and the reference)."""
+    quant_repo.replace(
+        QUANT,
+        "    amax = w.abs().amax(dim=1)  # (O,) float64\n",
+        "    amax = w.abs().max(dim=1).values  # (O,) float64\n",
+    )
+    quant_repo.pr("quant")
+    code, out, _ = quant_repo.verdict_stopping()
+    assert code == 0, [v["message"][:300] for v in out["violations"]]
+    assert rows(out)["oracle:cpu"] == "KEPT"
