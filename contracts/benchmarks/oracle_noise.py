@@ -42,7 +42,8 @@ def _jobs(specs: dict[str, Spec], stages: list[Spec], code: Path, seed: int) -> 
     everyone = list(specs.values())
     modules = oracle._modules(everyone, {f for s in everyone for f in s.module_files})
     names = sorted({m.split(".")[0] for m in modules})
-    common = {"seed": seed, "names": names, "references": {}, "preload": modules}
+    common = {"seed": seed, "names": names, "references": {}, "preload": modules,
+              "paths": oracle._paths(ROOT, stages)}  # fmt: skip
     roots = sorted(code.glob("packages/*/src"))
     jobs = [
         Job(
@@ -66,6 +67,7 @@ def _jobs(specs: dict[str, Spec], stages: list[Spec], code: Path, seed: int) -> 
             **common,
             "preload": [],
             "references": refs,
+            "paths": oracle._paths(ROOT, [spec]),
             "drivers": [oracle._entry(spec, ROOT, only=list(spec.oracle.reference_calls))],
         }
         jobs.append(Job(f"reference:{spec.id}", roots, request, threads=1))
