@@ -1,24 +1,30 @@
 """The acceptance tests' and runtime drivers' shared helpers (``speckit.acceptance``).
 
-What more than one stage's tests need, written once: the config strategy,
-the model and token builders, the float64 sampling filter from its
-definitions, the recorder of attention calls, and the runtime drivers'
-recording that leaves RoPE's inside out.
+What more than one stage's tests need, written once: the config and model
+case strategies, the model and token builders, the fixtures a test takes
+bundled in one (``Rig``, the ``rig`` fixture), the sampling knobs a test
+draws, the float64 sampling filter from its definitions, the recorder of
+attention calls, what "the model handed back as it was" compares, the
+weight flattener, the spies a call is watched with and the check that a
+refused call ran nothing; and the runtime drivers' recording that leaves
+RoPE's inside out.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
-from typing import Any, cast
+from dataclasses import dataclass
+from typing import Any, NamedTuple, cast
 
+import pytest
 import torch
 from hypothesis import strategies as st
 
 import niels_gpt.model.rope as rope
 from niels_gpt.config import ModelConfig
-from niels_gpt.model.attention import KVCache
+from niels_gpt.model.attention import CausalSelfAttention, KVCache
 from niels_gpt.model.fastpath import use_fast_attention
 from niels_gpt.model.gpt import GPT
 
@@ -61,6 +67,23 @@ def configs(draw: st.DrawFn, max_V: int = 40, max_T: int = 16) -> ModelConfig:
     )
 
 
+class Case(NamedTuple):
+    """A drawn model case: its config, the seed of its weights and inputs, the fast path."""
+
+    cfg: ModelConfig
+    seed: int
+    fast: bool
+
+
+@st.composite
+def cases(draw: st.DrawFn, configs: st.SearchStrategy[ModelConfig], fast: bool = True) -> Case:
+    """A ``Case`` from ``configs``, a seed in [0, 2**16] and the fast path on or off
+    (always off where ``fast`` is False)."""
+    cfg = draw(configs)
+    on = draw(st.booleans()) if fast else False
+    return Case(cfg, draw(st.integers(0, 2**16)), on)
+
+
 def tokens(cfg: ModelConfig, B: int, t: int, seed: int, device: torch.device) -> torch.Tensor:
     """(B, t) token ids below ``cfg.V``, drawn from ``seed``."""
     gen = torch.Generator().manual_seed(seed)
@@ -70,6 +93,76 @@ def tokens(cfg: ModelConfig, B: int, t: int, seed: int, device: torch.device) ->
 def generator(device: torch.device, seed: int) -> torch.Generator:
     """A generator on ``device`` seeded with ``seed``."""
     return torch.Generator(device=device).manual_seed(seed)
+
+
+@dataclass(frozen=True)
+class Rig:
+    """The fixtures a model stage's acceptance test takes, in one argument.
+
+    ``device``, ``float_dtypes`` (float32 first, float64 last where the device
+    has it), ``tol`` (dtype -> ``assert_close`` keywords) and ``randomise``
+    (module, seed -> drawn weights) as the plugin and the root conftest give
+    them, with the builders bound to them. A test module binds the fixture by
+    name (``rig = kit.rig``) so that pytest finds it.
+    """
+
+    device: torch.device
+    float_dtypes: tuple[torch.dtype, ...]
+    tol: Tol
+    randomise: Randomise
+
+    @property
+    def widest(self) -> torch.dtype:
+        """The last float dtype: float64 where the device has it."""
+        return self.float_dtypes[-1]
+
+    def model(self, cfg: ModelConfig, dtype: torch.dtype, seed: int = 0, fast: bool = False) -> GPT:
+        """``model`` on this device with this weight drawer."""
+        return model(cfg, self.device, dtype, self.randomise, seed, fast)
+
+    def build(self, case: Case, dtype: torch.dtype) -> GPT:
+        """The model of a drawn ``case`` in ``dtype``."""
+        return self.model(case.cfg, dtype, case.seed, case.fast)
+
+    def tokens(self, cfg: ModelConfig, B: int, t: int, seed: int) -> torch.Tensor:
+        """(B, t) ids below ``cfg.V`` on this device (``tokens``)."""
+        return tokens(cfg, B, t, seed, self.device)  # (B, t)
+
+    def generator(self, seed: int) -> torch.Generator:
+        """A generator on this device seeded with ``seed``."""
+        return generator(self.device, seed)
+
+    def close(self, got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> None:
+        """``assert_close`` at the tolerance of ``dtype``; raises AssertionError."""
+        bound = self.tol(dtype)  # {"rtol": ..., "atol": ...}
+        torch.testing.assert_close(got, want, rtol=bound["rtol"], atol=bound["atol"])
+
+
+@pytest.fixture(scope="session")  # its parts are session-wide; hypothesis tests take it
+def rig(
+    device: torch.device,
+    float_dtypes: tuple[torch.dtype, ...],
+    tol: Tol,
+    randomise: Randomise,
+) -> Rig:
+    """The session's fixtures bundled (``Rig``)."""
+    return Rig(device, float_dtypes, tol, randomise)
+
+
+@st.composite
+def knobs(
+    draw: st.DrawFn,
+    temperatures: Sequence[float] = (0.4, 1.0, 1.9),
+    top_ps: Sequence[float] = (0.3, 0.65, 0.9, 1.0),
+    max_k: int = 14,
+) -> dict[str, Any]:
+    """Sampling keywords for ``generate``: a temperature from ``temperatures``, top-k
+    None or in [1, max_k], top-p None or one of ``top_ps``."""
+    return {
+        "temperature": draw(st.sampled_from(temperatures)),
+        "top_k": draw(st.none() | st.integers(1, max_k)),
+        "top_p": draw(st.none() | st.sampled_from(top_ps)),
+    }
 
 
 def reference_keep(
@@ -149,6 +242,120 @@ def watch_attention_calls(model: GPT) -> tuple[Calls, list[Any]]:
         attn = cast(torch.nn.Module, block.attn)
         handles.append(attn.register_forward_pre_hook(hook, with_kwargs=True))
     return seen, handles
+
+
+def flatten(gpt: GPT, scale: float) -> GPT:
+    """Scale every weight by ``scale`` in place (flatter distributions: more than one
+    token in play when sampling); returns ``gpt``."""
+    with torch.no_grad():
+        for p in gpt.parameters():
+            p.mul_(scale)
+    return gpt
+
+
+def watch_draw_dtypes(monkeypatch: pytest.MonkeyPatch) -> list[torch.dtype]:
+    """Record the dtype of the probabilities every ``torch.multinomial`` call gets."""
+    seen: list[torch.dtype] = []
+    real = torch.multinomial
+
+    def spy(probs: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        seen.append(probs.dtype)
+        return real(probs, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "multinomial", spy)
+    return seen
+
+
+@contextmanager
+def attention_calls(model: GPT) -> Iterator[Calls]:
+    """``watch_attention_calls`` for the length of a ``with`` block: yields the record,
+    filled as the model runs; the hooks are removed when the block ends, raised or not."""
+    seen, handles = watch_attention_calls(model)
+    try:
+        yield seen
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+ModelState = tuple[list[Any], list[Any], list[bool], dict[str, torch.Tensor]]
+
+
+def state(gpt: GPT) -> ModelState:
+    """What a call must hand back unchanged: every module's class and attribute names,
+    each attention module's ``kv_cache`` (compared by identity), the modes, the weights."""
+    return (
+        [(type(m), sorted(vars(m))) for m in gpt.modules()],
+        [getattr(m, "kv_cache", None) for m in gpt.modules() if isinstance(m, CausalSelfAttention)],
+        [m.training for m in gpt.modules()],
+        {k: v.clone() for k, v in gpt.state_dict().items()},
+    )
+
+
+def assert_same_state(gpt: GPT, before: ModelState) -> None:
+    """``gpt`` is as ``state`` found it; raises AssertionError naming what differs."""
+    classes, caches, flags, weights = state(gpt)
+    assert classes == before[0]
+    assert all(a is b for a, b in zip(caches, before[1], strict=True)), "a kv_cache changed"
+    assert flags == before[2]
+    for k, v in weights.items():
+        assert torch.equal(v, before[3][k]), k
+
+
+def watch_hook_registrations(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Record the class name of every module a forward pre-hook is put on from now on."""
+    hooked: list[str] = []
+    real = torch.nn.Module.register_forward_pre_hook
+
+    def spy(module: torch.nn.Module, *args: Any, **kw: Any) -> Any:
+        hooked.append(type(module).__name__)
+        return real(module, *args, **kw)
+
+    monkeypatch.setattr(torch.nn.Module, "register_forward_pre_hook", spy)
+    return hooked
+
+
+def assert_refused_unrun(
+    call: Callable[[], object],
+    modules: Iterable[torch.nn.Module],
+    error: type[Exception],
+    needles: Sequence[str] = (),
+) -> None:
+    """``call()`` raises ``error`` whose message holds every one of ``needles``, and no
+    module of ``modules`` starts a forward first (their forward pre-hooks see nothing)."""
+    forwards: list[str] = []
+    handles = [
+        m.register_forward_pre_hook(lambda mod, args: forwards.append(type(mod).__name__))
+        for m in modules
+    ]
+    try:
+        with pytest.raises(error) as caught:
+            call()
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert forwards == [], f"forwards ran before the refusal: {forwards}"
+    message = str(caught.value)
+    for needle in needles:
+        assert needle in message, f"{needle!r} not named in {message!r}"
+
+
+@contextmanager
+def failing_call(module: torch.nn.Module, nth: int) -> Iterator[None]:
+    """The ``nth`` forward of ``module`` (counted from 1) raises RuntimeError("injected
+    failure") before it runs; the hook is gone when the block ends."""
+    calls: list[int] = []
+
+    def fail(mod: torch.nn.Module, args: tuple[Any, ...]) -> None:
+        calls.append(1)
+        if len(calls) == nth:
+            raise RuntimeError("injected failure")
+
+    handle = module.register_forward_pre_hook(fail)
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 @contextmanager
