@@ -1,9 +1,10 @@
 """The padding stage's kit: the builders and references its acceptance tests share.
 
 What kv_cache's tests need as well (the model and token builders, the
-float64 sampling filter, the attention-call recorder) comes from the spec
-kit (``speckit.acceptance``) and is bound here under the names the tests
-use; what is padding's alone is written here. The tests import this module
+bundled fixtures, the float64 sampling filter, the attention-call
+recorder, the model-state compare and the spies) comes from the spec kit
+(``speckit.acceptance``) and is bound here under the names the tests use;
+what is padding's alone is written here. The tests import this module
 by name (``import padding_kit as kit``); pytest does not collect it.
 """
 
@@ -18,13 +19,20 @@ import torch
 from hypothesis import strategies as st
 from speckit import acceptance as speckit
 
+from niels_gpt.config import ModelConfig
 from niels_gpt.model.attention import CausalSelfAttention
 from niels_gpt.model.gpt import GPT
 
-# bound under the names the tests have always used
+# bound under the names the tests use
 Tol, Randomise, NEG = speckit.Tol, speckit.Randomise, speckit.NEG
+Rig, rig, knobs, flatten = speckit.Rig, speckit.rig, speckit.knobs, speckit.flatten
+Case, cases, attention_calls = speckit.Case, speckit.cases, speckit.attention_calls
+watch_draw_dtypes = speckit.watch_draw_dtypes
+state, assert_same_state = speckit.state, speckit.assert_same_state
+watch_hook_registrations, failing_call = speckit.watch_hook_registrations, speckit.failing_call
+assert_refused_unrun = speckit.assert_refused_unrun
 model, tokens, generator = speckit.model, speckit.tokens, speckit.generator
-reference_filter, watch_attention_calls = speckit.reference_filter, speckit.watch_attention_calls
+reference_filter = speckit.reference_filter
 
 
 def mask(pads: list[int], t: int, device: torch.device) -> torch.Tensor:
@@ -33,22 +41,13 @@ def mask(pads: list[int], t: int, device: torch.device) -> torch.Tensor:
     return (cols[None, :] >= torch.tensor(pads)[:, None]).to(device)  # (B, t) bool
 
 
-def state(gpt: GPT) -> tuple[list[Any], list[bool], dict[str, torch.Tensor]]:
-    """What a call must hand back unchanged: module classes and attributes, modes, weights."""
-    return (
-        [(type(m), sorted(vars(m))) for m in gpt.modules()],
-        [m.training for m in gpt.modules()],
-        {k: v.clone() for k, v in gpt.state_dict().items()},
-    )
-
-
-def assert_same_state(gpt: GPT, before: tuple[Any, ...]) -> None:
-    """``gpt`` is as ``state`` found it."""
-    classes, flags, weights = state(gpt)
-    assert classes == before[0]
-    assert flags == before[1]
-    for k, v in weights.items():
-        assert torch.equal(v, before[2][k]), k
+def batch(
+    rig: speckit.Rig, cfg: ModelConfig, pads: list[int], t: int, seed: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A left-padded batch: (B, t) ids drawn from ``seed`` (pads hold ids too) and its
+    (B, t) mask (``mask``), B = len(pads), on the rig's device."""
+    ids = rig.tokens(cfg, len(pads), t, seed)  # (B, t)
+    return ids, mask(pads, t, rig.device)  # (B, t), (B, t) bool
 
 
 def watch_attention_writes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
@@ -66,14 +65,6 @@ def watch_attention_writes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
     monkeypatch.setattr(CausalSelfAttention, "__setattr__", spy)
     return writes
-
-
-def flatten(model: GPT, scale: float) -> GPT:
-    """Scale every weight down: flatter distributions, more than one token in play."""
-    with torch.no_grad():
-        for p in model.parameters():
-            p.mul_(scale)
-    return model
 
 
 configs = partial(speckit.configs, max_T=14)  # padding's contexts: T in [2, 14]

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import cast
 
+import padding_kit as kit
 import pytest
 import torch
 
@@ -64,14 +65,7 @@ def test_probabilities_reach_the_draw_in_float32(
 ) -> None:
     (model,) = _setup(device, randomise, torch.bfloat16)
     ids, mask = _batch(device)
-    seen: list[torch.dtype] = []
-    real = torch.multinomial
-
-    def spy(probs: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
-        seen.append(probs.dtype)
-        return real(probs, *args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(torch, "multinomial", spy)
+    seen = kit.watch_draw_dtypes(monkeypatch)
     gens: object = None
     if per_row:
         gens = [torch.Generator(device=device).manual_seed(b) for b in range(3)]

@@ -29,6 +29,8 @@ from niels_gpt.model.attention import KVCache
 from niels_gpt.model.gpt import GPT
 from niels_gpt.model.padding import generate
 
+rig = kit.rig  # the bundled fixtures (speckit.acceptance.Rig), found by pytest here
+
 Gen = torch.Generator | list[torch.Generator] | None
 
 
@@ -47,29 +49,23 @@ def prompts(draw: st.DrawFn, T: int) -> tuple[int, list[int], int]:
 @pytest.mark.invariant("padding.generate_matches_alone")
 @pytest.mark.invariant("padding.output_contract")
 @settings(max_examples=15)
-@given(cfg=kit.configs(), fast=st.booleans(), seed=st.integers(0, 2**16), data=st.data())
+@given(case=kit.cases(kit.configs()), data=st.data())
 def test_greedy_rows_and_traces_match_each_prompt_alone(
-    device: torch.device,
-    float_dtypes: tuple[torch.dtype, ...],
-    tol: kit.Tol,
-    randomise: kit.Randomise,
-    cfg: ModelConfig,
-    fast: bool,
-    seed: int,
-    data: st.DataObject,
+    rig: kit.Rig, case: kit.Case, data: st.DataObject
 ) -> None:
-    dtype = float_dtypes[-1]  # float64 where the device has it
+    cfg, seed, fast = case
+    dtype = rig.widest  # float64 where the device has it
     t, pads, new = data.draw(prompts(cfg.T))
     layer = data.draw(st.integers(0, cfg.L - 1))
     B = len(pads)
-    model = kit.model(cfg, device, dtype, randomise, seed, fast)
-    prompt = kit.tokens(cfg, B, t, seed, device)  # (B, t), pads hold random ids
-    gen = kit.generator(device, seed)
+    model = rig.model(cfg, dtype, seed, fast)
+    prompt = rig.tokens(cfg, B, t, seed)  # (B, t), pads hold random ids
+    gen = rig.generator(seed)
     state = gen.get_state()
     ids, traces = generate(
         model,
         prompt,
-        kit.mask(pads, t, device),
+        kit.mask(pads, t, rig.device),
         new,
         temperature=0.0,
         generator=gen,
@@ -86,46 +82,33 @@ def test_greedy_rows_and_traces_match_each_prompt_alone(
         for i, (got, want) in enumerate(zip(traces, want_traces, strict=True)):
             assert got.shape == (B, cfg.H, t + i)
             assert not got[b, :, :p].any(), "a padded key got probability"
-            torch.testing.assert_close(got[b, :, p:], want, **tol(dtype))
+            rig.close(got[b, :, p:], want, dtype)
 
 
 @pytest.mark.invariant("padding.generate_matches_alone")
 @settings(max_examples=12)
 @given(
-    cfg=kit.configs(max_V=12),
-    temperature=st.sampled_from([0.0, 0.5, 1.0, 1.7]),
-    top_k=st.none() | st.integers(1, 14),
-    top_p=st.none() | st.sampled_from([0.3, 0.7, 1.0]),
+    case=kit.cases(kit.configs(max_V=12), fast=False),
+    knobs=kit.knobs(temperatures=(0.0, 0.5, 1.0, 1.7), top_ps=(0.3, 0.7, 1.0)),
     use_eos=st.booleans(),
-    seed=st.integers(0, 2**16),
     data=st.data(),
 )
 def test_rows_are_kv_cache_generate_of_each_prompt_alone(
-    device: torch.device,
-    float_dtypes: tuple[torch.dtype, ...],
-    tol: kit.Tol,
-    randomise: kit.Randomise,
-    cfg: ModelConfig,
-    temperature: float,
-    top_k: int | None,
-    top_p: float | None,
-    use_eos: bool,
-    seed: int,
-    data: st.DataObject,
+    rig: kit.Rig, case: kit.Case, knobs: dict[str, Any], use_eos: bool, data: st.DataObject
 ) -> None:
     # Sampling row for row needs one generator per row, seeded like the alone run's.
-    dtype = float_dtypes[-1]
+    cfg, seed, _ = case
+    dtype = rig.widest
     t, pads, new = data.draw(prompts(cfg.T))
     layer = data.draw(st.integers(0, cfg.L - 1))
     eos = data.draw(st.integers(0, cfg.V - 1)) if use_eos else None
-    model = kit.flatten(kit.model(cfg, device, dtype, randomise, seed), 0.3)
-    prompt = kit.tokens(cfg, len(pads), t, seed, device)  # (B, t)
-    knobs: dict[str, Any] = {"temperature": temperature, "top_k": top_k, "top_p": top_p}
-    gens = [kit.generator(device, seed + b) for b in range(len(pads))]
+    model = kit.flatten(rig.model(cfg, dtype, seed), 0.3)
+    prompt = rig.tokens(cfg, len(pads), t, seed)  # (B, t)
+    gens = [rig.generator(seed + b) for b in range(len(pads))]
     ids, traces = generate(
         model,
         prompt,
-        kit.mask(pads, t, device),
+        kit.mask(pads, t, rig.device),
         new,
         **knobs,
         eos_id=eos,
@@ -140,14 +123,14 @@ def test_rows_are_kv_cache_generate_of_each_prompt_alone(
             new,
             **knobs,
             eos_id=eos,
-            generator=kit.generator(device, seed + b),
+            generator=rig.generator(seed + b),
             trace_layer=layer,
         )
         assert torch.equal(ids[b, t:], alone[0, t - p :])
         assert len(alone_traces) <= steps  # the batch runs until its last row finishes
         for got, want in zip(traces, alone_traces, strict=False):
             assert not got[b, :, :p].any()
-            torch.testing.assert_close(got[b, :, p:], want[0], **tol(dtype))
+            rig.close(got[b, :, p:], want[0], dtype)
 
 
 # --- sampling ------------------------------------------------------------------------------
@@ -156,40 +139,31 @@ def test_rows_are_kv_cache_generate_of_each_prompt_alone(
 @pytest.mark.invariant("padding.sampling_exact")
 @settings(max_examples=12)
 @given(
-    cfg=kit.configs(max_V=12),
-    temperature=st.sampled_from([0.4, 1.0, 1.9]),
-    top_k=st.none() | st.integers(1, 14),
-    top_p=st.none() | st.sampled_from([0.3, 0.65, 0.9, 1.0]),
+    case=kit.cases(kit.configs(max_V=12), fast=False),
+    knobs=kit.knobs(),
     per_row=st.booleans(),
     use_eos=st.booleans(),
-    seed=st.integers(0, 2**16),
     data=st.data(),
 )
 def test_seeded_sampling_matches_the_reference_loop(
-    device: torch.device,
-    float_dtypes: tuple[torch.dtype, ...],
-    randomise: kit.Randomise,
-    cfg: ModelConfig,
-    temperature: float,
-    top_k: int | None,
-    top_p: float | None,
+    rig: kit.Rig,
+    case: kit.Case,
+    knobs: dict[str, Any],
     per_row: bool,
     use_eos: bool,
-    seed: int,
     data: st.DataObject,
 ) -> None:
-    dtype = float_dtypes[-1]
+    cfg, seed, _ = case
+    dtype = rig.widest
     t, pads, new = data.draw(prompts(cfg.T))
     B = len(pads)
-    model = kit.flatten(kit.model(cfg, device, dtype, randomise, seed), 0.3)
-    prompt = kit.tokens(cfg, B, t, seed, device)  # (B, t)
-    mask = kit.mask(pads, t, device)
-    knobs: dict[str, Any] = {"temperature": temperature, "top_k": top_k, "top_p": top_p}
+    model = kit.flatten(rig.model(cfg, dtype, seed), 0.3)
+    prompt, mask = kit.batch(rig, cfg, pads, t, seed)  # (B, t)
 
     def gens() -> torch.Generator | list[torch.Generator]:
         if per_row:
-            return [kit.generator(device, seed + 7 * b) for b in range(B)]
-        return kit.generator(device, seed)
+            return [rig.generator(seed + 7 * b) for b in range(B)]
+        return rig.generator(seed)
 
     eos = None
     if use_eos:  # a token the run draws, so some row does finish
@@ -203,43 +177,39 @@ def test_seeded_sampling_matches_the_reference_loop(
 
 
 @pytest.mark.invariant("padding.sampling_exact")
-def test_a_generator_list_is_drawn_row_by_row_in_order(
-    device: torch.device, float_dtypes: tuple[torch.dtype, ...], randomise: kit.Randomise
-) -> None:
+def test_a_generator_list_is_drawn_row_by_row_in_order(rig: kit.Rig) -> None:
     # The same generator three times: the order of the draws shows in the tokens.
     # (On the CPU this equals one draw over all rows: torch.multinomial consumes a
     # generator row after row. What is pinned is the order, row 0 first.)
     cfg = ModelConfig(V=40, T=12, C=16, L=2, H=2, d_ff=12, dropout=0.0)
-    model = kit.flatten(kit.model(cfg, device, float_dtypes[-1], randomise, 3), 0.2)
+    model = kit.flatten(rig.model(cfg, rig.widest, 3), 0.2)
     pads, t = [2, 0, 4], 5
-    prompt = kit.tokens(cfg, 3, t, 1, device)  # (3, 5)
+    prompt = rig.tokens(cfg, 3, t, 1)  # (3, 5)
     knobs: dict[str, Any] = {"temperature": 1.0, "top_k": None, "top_p": None}
-    shared = kit.generator(device, 9)
+    shared = rig.generator(9)
     want = kit.sampling_alone(model, prompt, pads, 6, knobs, None, [shared] * 3)
-    shared = kit.generator(device, 9)
-    got = generate(model, prompt, kit.mask(pads, t, device), 6, generator=[shared] * 3)
+    shared = rig.generator(9)
+    got = generate(model, prompt, kit.mask(pads, t, rig.device), 6, generator=[shared] * 3)
     assert torch.equal(got, want)
 
 
 @pytest.mark.invariant("padding.sampling_exact")
 @pytest.mark.invariant("padding.eos_rows_stop")
-def test_finished_rows_still_take_part_in_every_draw(
-    device: torch.device, float_dtypes: tuple[torch.dtype, ...], randomise: kit.Randomise
-) -> None:
+def test_finished_rows_still_take_part_in_every_draw(rig: kit.Rig) -> None:
     # Row 0 finishes at its first token; the later draws must still cover all rows,
     # so the other rows see the same random stream as without eos.
     cfg = ModelConfig(V=50, T=14, C=16, L=2, H=2, d_ff=12, dropout=0.0)
-    model = kit.flatten(kit.model(cfg, device, float_dtypes[-1], randomise, 12), 0.2)
+    model = kit.flatten(rig.model(cfg, rig.widest, 12), 0.2)
     pads, t = [1, 0, 2, 1], 3
-    prompt = kit.tokens(cfg, 4, t, 8, device)  # (4, 3)
-    mask = kit.mask(pads, t, device)
+    prompt = rig.tokens(cfg, 4, t, 8)  # (4, 3)
+    mask = kit.mask(pads, t, rig.device)
     knobs: dict[str, Any] = {"temperature": 1.0, "top_k": None, "top_p": None}
-    drawn = kit.sampling_alone(model, prompt, pads, 11, knobs, None, kit.generator(device, 3))
+    drawn = kit.sampling_alone(model, prompt, pads, 11, knobs, None, rig.generator(3))
     eos = int(drawn[0, t])
     others = [r for r in range(1, 4) if not (drawn[r, t:] == eos).any()]
     assert others, f"test set-up: every row drew {eos}; pick another seed"
-    want = kit.sampling_alone(model, prompt, pads, 11, knobs, eos, kit.generator(device, 3))
-    got = generate(model, prompt, mask, 11, **knobs, eos_id=eos, generator=kit.generator(device, 3))
+    want = kit.sampling_alone(model, prompt, pads, 11, knobs, eos, rig.generator(3))
+    got = generate(model, prompt, mask, 11, **knobs, eos_id=eos, generator=rig.generator(3))
     assert torch.equal(got, want)
     assert (got[0, t:] == eos).all()
     assert torch.equal(got[others], drawn[others])  # rows that never finish go on as before
@@ -251,44 +221,36 @@ def test_finished_rows_still_take_part_in_every_draw(
 @pytest.mark.invariant("padding.eos_rows_stop")
 @pytest.mark.invariant("padding.prefill_then_single_tokens")
 @settings(max_examples=15)
-@given(cfg=kit.configs(max_V=10), seed=st.integers(0, 2**16), data=st.data())
+@given(case=kit.cases(kit.configs(max_V=10), fast=False), data=st.data())
 def test_rows_that_hit_eos_stop_and_the_rest_go_on(
-    device: torch.device,
-    float_dtypes: tuple[torch.dtype, ...],
-    randomise: kit.Randomise,
-    cfg: ModelConfig,
-    seed: int,
-    data: st.DataObject,
+    rig: kit.Rig, case: kit.Case, data: st.DataObject
 ) -> None:
-    dtype = float_dtypes[-1]
+    cfg, seed, _ = case
+    dtype = rig.widest
     t, pads, new = data.draw(prompts(cfg.T))
-    model = kit.model(cfg, device, dtype, randomise, seed)
-    prompt = kit.tokens(cfg, len(pads), t, seed, device)  # (B, t)
+    model = rig.model(cfg, dtype, seed)
+    prompt = rig.tokens(cfg, len(pads), t, seed)  # (B, t)
     alone = [kit.greedy_alone(model, prompt[b, p:], new) for b, p in enumerate(pads)]
     choices = prompt.flatten().tolist() + [x for row in alone for x in row]
     eos = int(data.draw(st.sampled_from(choices)))  # a pad, a prompt token or a generated one
     want = [kit.with_eos(row, eos, new) for row in alone]
     hits = [row.index(eos) for row in alone if eos in row]
     steps = min(new, max(hits) + 1) if len(hits) == len(alone) else new
-    seen, handles = kit.watch_attention_calls(model)
-    try:
-        got = generate(model, prompt, kit.mask(pads, t, device), new, temperature=0.0, eos_id=eos)
-    finally:
-        for h in handles:
-            h.remove()
+    with kit.attention_calls(model) as seen:
+        got = generate(
+            model, prompt, kit.mask(pads, t, rig.device), new, temperature=0.0, eos_id=eos
+        )
     assert got[:, t:].tolist() == want
     assert torch.equal(got[:, :t], prompt)
     assert [n for n, _, _ in seen[0]] == [t] + [1] * (steps - 1)  # stops when all finished
 
 
 @pytest.mark.invariant("padding.eos_rows_stop")
-def test_a_pad_equal_to_eos_finishes_nothing(
-    device: torch.device, float_dtypes: tuple[torch.dtype, ...], randomise: kit.Randomise
-) -> None:
+def test_a_pad_equal_to_eos_finishes_nothing(rig: kit.Rig) -> None:
     cfg = ModelConfig(V=30, T=14, C=16, L=2, H=2, d_ff=12, dropout=0.0)
-    model = kit.model(cfg, device, float_dtypes[-1], randomise, 4)
+    model = rig.model(cfg, rig.widest, 4)
     pads, t, new = [3, 0, 5], 6, 8
-    prompt = kit.tokens(cfg, 3, t, 2, device)  # (3, 6)
+    prompt = rig.tokens(cfg, 3, t, 2)  # (3, 6)
     alone = [kit.greedy_alone(model, prompt[b, p:], new) for b, p in enumerate(pads)]
     generated = {x for row in alone for x in row}
     eos = next(v for v in range(cfg.V) if v not in generated)  # never generated
@@ -297,7 +259,7 @@ def test_a_pad_equal_to_eos_finishes_nothing(
     padded[1, 2] = eos  # a real prompt token of row 1
     alone[1] = kit.greedy_alone(model, padded[1], new)
     assert eos not in alone[1], "test set-up: the changed prompt generates eos; pick another"
-    got = generate(model, padded, kit.mask(pads, t, device), new, temperature=0.0, eos_id=eos)
+    got = generate(model, padded, kit.mask(pads, t, rig.device), new, temperature=0.0, eos_id=eos)
     assert got[:, t:].tolist() == alone  # every row ran to the end
 
 
@@ -320,25 +282,17 @@ def _reference_keys_values(model: GPT, x: torch.Tensor) -> list[tuple[torch.Tens
 
 @pytest.mark.invariant("padding.prefill_then_single_tokens")
 @pytest.mark.parametrize("fast", [False, True])
-def test_prefill_once_then_one_token_a_step_through_kv_caches(
-    device: torch.device,
-    float_dtypes: tuple[torch.dtype, ...],
-    tol: kit.Tol,
-    randomise: kit.Randomise,
-    fast: bool,
-) -> None:
+def test_prefill_once_then_one_token_a_step_through_kv_caches(rig: kit.Rig, fast: bool) -> None:
     cfg = ModelConfig(V=37, T=18, C=24, L=3, H=3, d_ff=16, dropout=0.1)
     pads, t = [0, 3, 4], 5
     new = cfg.T - t
-    for dtype in float_dtypes:
-        model = kit.model(cfg, device, dtype, randomise, 4, fast)
-        prompt = kit.tokens(cfg, 3, t, 1, device)  # (3, 5)
-        seen, handles = kit.watch_attention_calls(model)
-        try:
-            ids = generate(model, prompt, kit.mask(pads, t, device), new, temperature=0.8, top_k=7)
-        finally:
-            for h in handles:
-                h.remove()
+    for dtype in rig.float_dtypes:
+        model = rig.model(cfg, dtype, 4, fast)
+        prompt = rig.tokens(cfg, 3, t, 1)  # (3, 5)
+        with kit.attention_calls(model) as seen:
+            ids = generate(
+                model, prompt, kit.mask(pads, t, rig.device), new, temperature=0.8, top_k=7
+            )
         assert isinstance(ids, torch.Tensor)
         with torch.no_grad():
             want = [_reference_keys_values(model, ids[b : b + 1, p:]) for b, p in enumerate(pads)]
@@ -357,7 +311,5 @@ def test_prefill_once_then_one_token_a_step_through_kv_caches(
             assert len(cache) == end
             for b, p in enumerate(pads):  # the padded frame: index c holds column c
                 k_ref, v_ref = want[b][layer]  # (1, H, end - p + 1, D) each
-                torch.testing.assert_close(cache.keys[b, :, p:end], k_ref[0, :, :-1], **tol(dtype))
-                torch.testing.assert_close(
-                    cache.values[b, :, p:end], v_ref[0, :, :-1], **tol(dtype)
-                )
+                rig.close(cache.keys[b, :, p:end], k_ref[0, :, :-1], dtype)
+                rig.close(cache.values[b, :, p:end], v_ref[0, :, :-1], dtype)

@@ -21,19 +21,19 @@ from niels_gpt.model.fastpath import sdpa_kernel
 from niels_gpt.model.kv_cache import use_kv_cache
 from niels_gpt.model.padding import generate
 
+rig = kit.rig  # the bundled fixtures (speckit.acceptance.Rig), found by pytest here
+
 # --- output and the unpadded path -------------------------------------------------------------
 
 
 @pytest.mark.invariant("padding.output_contract")
-def test_output_is_the_padded_prompt_then_the_new_ids(
-    device: torch.device, float_dtypes: tuple[torch.dtype, ...], randomise: kit.Randomise
-) -> None:
+def test_output_is_the_padded_prompt_then_the_new_ids(rig: kit.Rig) -> None:
     cfg = ModelConfig(V=13, T=10, C=8, L=2, H=2, d_ff=8, dropout=0.0)
     pads, t = [2, 0, 3], 4
-    for dtype in float_dtypes:
-        model = kit.model(cfg, device, dtype, randomise, 2)
-        prompt = kit.tokens(cfg, 3, t, 7, device)  # (3, 4)
-        mask = kit.mask(pads, t, device)
+    for dtype in rig.float_dtypes:
+        model = rig.model(cfg, dtype, 2)
+        prompt = rig.tokens(cfg, 3, t, 7)  # (3, 4)
+        mask = kit.mask(pads, t, rig.device)
         for temperature in (0.0, 1.0):
             out = generate(model, prompt, mask, 6, temperature=temperature)
             assert isinstance(out, torch.Tensor)
@@ -55,17 +55,12 @@ def test_output_is_the_padded_prompt_then_the_new_ids(
 
 @pytest.mark.invariant("padding.unpadded_exact")
 @pytest.mark.parametrize("fast", [False, True])
-def test_no_padding_is_kv_cache_generate_bit_for_bit(
-    device: torch.device,
-    float_dtypes: tuple[torch.dtype, ...],
-    randomise: kit.Randomise,
-    fast: bool,
-) -> None:
+def test_no_padding_is_kv_cache_generate_bit_for_bit(rig: kit.Rig, fast: bool) -> None:
     cfg = ModelConfig(V=23, T=14, C=16, L=2, H=2, d_ff=12, dropout=0.0)
-    for dtype in float_dtypes:
-        model = kit.flatten(kit.model(cfg, device, dtype, randomise, 5, fast), 0.4)
-        prompt = kit.tokens(cfg, 3, 4, 3, device)  # (3, 4)
-        for mask in (None, torch.ones(3, 4, dtype=torch.bool, device=device)):
+    for dtype in rig.float_dtypes:
+        model = kit.flatten(rig.model(cfg, dtype, 5, fast), 0.4)
+        prompt = rig.tokens(cfg, 3, 4, 3)  # (3, 4)
+        for mask in (None, torch.ones(3, 4, dtype=torch.bool, device=rig.device)):
             knobs: dict[str, Any] = {"temperature": 0.9, "top_k": 9, "top_p": 0.9}
             ids, traces = generate(
                 model,
@@ -74,7 +69,7 @@ def test_no_padding_is_kv_cache_generate_bit_for_bit(
                 9,
                 **knobs,
                 eos_id=2,
-                generator=kit.generator(device, 4),
+                generator=rig.generator(4),
                 trace_layer=1,
             )
             want, want_traces = kv_cache.generate(
@@ -83,7 +78,7 @@ def test_no_padding_is_kv_cache_generate_bit_for_bit(
                 9,
                 **knobs,
                 eos_id=2,
-                generator=kit.generator(device, 4),
+                generator=rig.generator(4),
                 trace_layer=1,
             )
             assert torch.equal(ids, want) and len(traces) == len(want_traces)
@@ -98,16 +93,14 @@ def test_no_padding_is_kv_cache_generate_bit_for_bit(
 @pytest.mark.invariant("padding.leaves_model")
 @pytest.mark.parametrize("fast", [False, True])
 @pytest.mark.parametrize("training", [False, True])
-def test_generate_hands_the_model_back_as_it_was(
-    device: torch.device, randomise: kit.Randomise, fast: bool, training: bool
-) -> None:
+def test_generate_hands_the_model_back_as_it_was(rig: kit.Rig, fast: bool, training: bool) -> None:
     cfg = ModelConfig(V=21, T=12, C=16, L=2, H=2, d_ff=12, dropout=0.1)
-    model = kit.model(cfg, device, torch.float32, randomise, 6, fast).train(training)
+    model = rig.model(cfg, torch.float32, 6, fast).train(training)
     before = kit.state(model)
-    prompt = kit.tokens(cfg, 2, 4, 1, device)  # (2, 4)
-    gens = [kit.generator(device, 1), kit.generator(device, 2)]
+    prompt = rig.tokens(cfg, 2, 4, 1)  # (2, 4)
+    gens = [rig.generator(1), rig.generator(2)]
     generate(
-        model, prompt, kit.mask([2, 0], 4, device), 5, top_p=0.9, generator=gens, trace_layer=1
+        model, prompt, kit.mask([2, 0], 4, rig.device), 5, top_p=0.9, generator=gens, trace_layer=1
     )
     kit.assert_same_state(model, before)
     assert all(type(b.attn) is CausalSelfAttention for b in model.blocks)
@@ -115,25 +108,12 @@ def test_generate_hands_the_model_back_as_it_was(
 
 
 @pytest.mark.invariant("padding.leaves_model")
-def test_generate_restores_the_model_when_a_step_fails(
-    device: torch.device, randomise: kit.Randomise
-) -> None:
+def test_generate_restores_the_model_when_a_step_fails(rig: kit.Rig) -> None:
     cfg = ModelConfig(V=21, T=12, C=16, L=2, H=2, d_ff=12, dropout=0.0)
-    model = kit.model(cfg, device, torch.float32, randomise, 6)
+    model = rig.model(cfg, torch.float32, 6)
     before = kit.state(model)
-    calls = []
-
-    def fail_on_third(module: torch.nn.Module, args: tuple[Any, ...]) -> None:
-        calls.append(type(module))
-        if len(calls) == 3:
-            raise RuntimeError("injected failure")
-
-    handle = model.blocks[1].register_forward_pre_hook(fail_on_third)
-    try:
-        with pytest.raises(RuntimeError, match="injected failure"):
-            generate(model, kit.tokens(cfg, 2, 3, 1, device), kit.mask([1, 0], 3, device), 6)
-    finally:
-        handle.remove()
+    with kit.failing_call(model.blocks[1], 3), pytest.raises(RuntimeError, match="injected"):
+        generate(model, rig.tokens(cfg, 2, 3, 1), kit.mask([1, 0], 3, rig.device), 6)
     kit.assert_same_state(model, before)
     assert all(type(b.attn) is CausalSelfAttention for b in model.blocks)
 
@@ -215,38 +195,26 @@ def _bad_calls(
 @pytest.mark.invariant("padding.leaves_model")
 @pytest.mark.parametrize("case", sorted(_bad_calls(torch.device("cpu"))))
 def test_generate_rejects_bad_input_before_any_work(
-    device: torch.device, randomise: kit.Randomise, case: str, monkeypatch: pytest.MonkeyPatch
+    rig: kit.Rig, case: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    prompt, mask, args, kwargs, needles = _bad_calls(device)[case]
-    model = kit.model(BAD_CFG, device, torch.float32, randomise, 0)
+    prompt, mask, args, kwargs, needles = _bad_calls(rig.device)[case]
+    model = rig.model(BAD_CFG, torch.float32, 0)
     before = kit.state(model)
     writes = kit.watch_attention_writes(monkeypatch)
-    forwards: list[str] = []
-    handles = [
-        module.register_forward_pre_hook(lambda m, a: forwards.append(type(m).__name__))
-        for module in (model, model.blocks[0], model.blocks[0].attn)
-    ]
-    try:
-        with pytest.raises(InputError) as caught:
-            generate(model, prompt, mask, *args, **kwargs)
-    finally:
-        for handle in handles:
-            handle.remove()
-    assert forwards == []  # not even GPT.forward's own checks ran
+    kit.assert_refused_unrun(  # not even GPT.forward's own checks ran
+        lambda: generate(model, prompt, mask, *args, **kwargs),
+        (model, model.blocks[0], model.blocks[0].attn),
+        InputError,
+        needles,
+    )
     assert writes == []  # no module was switched and no cache attached, not even for a moment
-    message = str(caught.value)
-    for needle in needles:
-        assert needle in message, f"{needle!r} not named in {message!r}"
     kit.assert_same_state(model, before)
 
 
 @pytest.mark.invariant("padding.rejects_bad_input")
-def test_generate_rejects_models_it_cannot_switch(
-    device: torch.device, randomise: kit.Randomise
-) -> None:
-    model = kit.model(BAD_CFG, device, torch.float32, randomise, 0)
-    prompt = kit.tokens(BAD_CFG, 2, 3, 1, device)  # (2, 3)
-    mask = kit.mask([1, 0], 3, device)
+def test_generate_rejects_models_it_cannot_switch(rig: kit.Rig) -> None:
+    model = rig.model(BAD_CFG, torch.float32, 0)
+    prompt, mask = kit.batch(rig, BAD_CFG, [1, 0], 3, 1)  # (2, 3)
     with pytest.raises(InputError):
         generate(model.blocks, prompt, mask, 1)  # type: ignore[arg-type]
     use_kv_cache(model, 2)  # switched for cached generation: drop_kv_cache first
@@ -257,17 +225,12 @@ def test_generate_rejects_models_it_cannot_switch(
 
 
 @pytest.mark.invariant("padding.rejects_bad_input")
-def test_generators_must_live_on_the_models_device(
-    device: torch.device, randomise: kit.Randomise
-) -> None:
-    model = kit.model(BAD_CFG, device, torch.float32, randomise, 0)
-    prompt = kit.tokens(BAD_CFG, 2, 3, 0, device)  # (2, 3)
-    mask = kit.mask([1, 0], 3, device)
-    own = generate(
-        model, prompt, mask, 2, generator=[kit.generator(device, 0), kit.generator(device, 1)]
-    )
+def test_generators_must_live_on_the_models_device(rig: kit.Rig) -> None:
+    model = rig.model(BAD_CFG, torch.float32, 0)
+    prompt, mask = kit.batch(rig, BAD_CFG, [1, 0], 3, 0)  # (2, 3)
+    own = generate(model, prompt, mask, 2, generator=[rig.generator(0), rig.generator(1)])
     assert isinstance(own, torch.Tensor) and own.shape == (2, 5)
-    if device.type != "cpu":  # CPU generators for a model elsewhere
+    if rig.device.type != "cpu":  # CPU generators for a model elsewhere
         with pytest.raises(InputError):
             generate(model, prompt, mask, 2, generator=[torch.Generator(), torch.Generator()])
         with pytest.raises(InputError):
@@ -277,25 +240,18 @@ def test_generators_must_live_on_the_models_device(
 @pytest.mark.invariant("padding.rejects_bad_input")
 @pytest.mark.invariant("padding.leaves_model")
 def test_generate_puts_no_hook_on_the_model_before_its_checks(
-    device: torch.device, randomise: kit.Randomise, monkeypatch: pytest.MonkeyPatch
+    rig: kit.Rig, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """3.1: generate may run kv_cache.generate inside the frame's hooks; a call its own checks
     refuse gets none of them. Here the padded width plus the new tokens pass cfg.T while
     the real prompts are short, and a generator list has the wrong length."""
     cfg = ModelConfig(V=11, T=8, C=8, L=1, H=2, d_ff=8, dropout=0.0)
-    model = kit.model(cfg, device, torch.float32, randomise, 0)
-    prompt = kit.tokens(cfg, 2, 5, 0, device)  # (2, 5)
-    mask = kit.mask([3, 3], 5, device)  # real prompts of 2 tokens: 2 + 4 <= 8, but 5 + 4 > 8
-    hooked: list[str] = []
-    real = torch.nn.Module.register_forward_pre_hook
-
-    def spy(module: torch.nn.Module, *args: Any, **kw: Any) -> Any:
-        hooked.append(type(module).__name__)
-        return real(module, *args, **kw)
-
-    monkeypatch.setattr(torch.nn.Module, "register_forward_pre_hook", spy)
+    model = rig.model(cfg, torch.float32, 0)
+    prompt = rig.tokens(cfg, 2, 5, 0)  # (2, 5)
+    mask = kit.mask([3, 3], 5, rig.device)  # real prompts of 2 tokens: 2 + 4 <= 8, but 5 + 4 > 8
+    hooked = kit.watch_hook_registrations(monkeypatch)
     with pytest.raises(InputError, match=r"cfg\.T"):
         generate(model, prompt, mask, 4, temperature=0.0)
     with pytest.raises(InputError, match="generator"):
-        generate(model, prompt, mask, 2, generator=[kit.generator(device, 1)])
+        generate(model, prompt, mask, 2, generator=[rig.generator(1)])
     assert hooked == []

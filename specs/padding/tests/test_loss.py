@@ -26,6 +26,8 @@ from niels_gpt.model.fastpath import use_fast_attention
 from niels_gpt.model.gpt import GPT
 from niels_gpt.model.padding import padded_cross_entropy, padded_forward
 
+rig = kit.rig  # the bundled fixtures (speckit.acceptance.Rig), found by pytest here
+
 
 def _garbage_at_pads(targets: torch.Tensor, mask: torch.Tensor, V: int) -> torch.Tensor:
     """Targets whose padded positions hold -100, V and 10 V in turn."""
@@ -57,26 +59,19 @@ def reference_loss(logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tens
     data=st.data(),
 )
 def test_loss_is_the_token_mean_over_real_inputs(
-    device: torch.device,
-    float_dtypes: tuple[torch.dtype, ...],
-    tol: kit.Tol,
-    B: int,
-    t: int,
-    V: int,
-    seed: int,
-    data: st.DataObject,
+    rig: kit.Rig, B: int, t: int, V: int, seed: int, data: st.DataObject
 ) -> None:
-    dtype = data.draw(st.sampled_from(float_dtypes))
+    dtype = data.draw(st.sampled_from(rig.float_dtypes))
     pads = data.draw(st.lists(st.integers(0, t), min_size=B, max_size=B))  # t: all padding
-    mask = kit.mask(pads, t, device)
+    mask = kit.mask(pads, t, rig.device)
     gen = torch.Generator().manual_seed(seed)
-    logits = (torch.randn(B, t, V, generator=gen) * 3).to(device, dtype).requires_grad_()
-    targets = torch.randint(0, V, (B, t), generator=gen).to(device)  # (B, t)
+    logits = (torch.randn(B, t, V, generator=gen) * 3).to(rig.device, dtype).requires_grad_()
+    targets = torch.randint(0, V, (B, t), generator=gen).to(rig.device)  # (B, t)
     targets = _garbage_at_pads(targets, mask, V)
     loss = padded_cross_entropy(logits, targets, mask)
     assert loss.shape == () and loss.dtype == dtype and loss.device == logits.device
     want = torch.tensor(reference_loss(logits, targets, mask), dtype=torch.float64)
-    torch.testing.assert_close(loss.detach().cpu().double(), want, **tol(dtype))
+    rig.close(loss.detach().cpu().double(), want, dtype)
     loss.backward()
     grad = logits.grad
     assert grad is not None and torch.isfinite(grad).all()
@@ -85,7 +80,7 @@ def test_loss_is_the_token_mean_over_real_inputs(
     if n:  # the gradient of a mean: (softmax - onehot) / n at every counted position
         probs = torch.softmax(logits.detach().double(), -1)  # (B, t, V)
         onehot = F.one_hot(targets.clamp(0, V - 1), V).double()  # (B, t, V)
-        torch.testing.assert_close(grad[mask].double(), ((probs - onehot) / n)[mask], **tol(dtype))
+        rig.close(grad[mask].double(), ((probs - onehot) / n)[mask], dtype)
 
 
 @pytest.mark.invariant("padding.loss_ignores_padding")
@@ -116,52 +111,46 @@ def test_the_prediction_of_the_first_real_token_from_a_pad_does_not_count(
 @pytest.mark.invariant("padding.finite_gradients")
 @pytest.mark.parametrize("fast", [False, True])
 def test_training_loss_of_a_padded_batch_is_that_of_the_rows_alone(
-    device: torch.device,
-    float_dtypes: tuple[torch.dtype, ...],
-    tol: kit.Tol,
-    randomise: kit.Randomise,
-    fast: bool,
+    rig: kit.Rig, fast: bool
 ) -> None:
     # ids = sequence[:, :-1], targets = sequence[:, 1:], one mask for the inputs.
     cfg = ModelConfig(V=29, T=10, C=16, L=2, H=2, d_ff=12, dropout=0.0, rope_theta=60.0)
     pads, t = [0, 3, 8, 10, 5], cfg.T  # row 2: one real input, row 3: none
-    dtype = float_dtypes[-1]
+    dtype = rig.widest
     model = GPT(cfg)
-    randomise(model, 3)
-    model.to(device=device, dtype=dtype)
+    rig.randomise(model, 3)
+    model.to(device=rig.device, dtype=dtype)
     if fast:
         use_fast_attention(model)
     gen = torch.Generator().manual_seed(1)
-    seq = torch.randint(0, cfg.V, (len(pads), t + 1), generator=gen).to(device)  # (B, t + 1)
+    seq = torch.randint(0, cfg.V, (len(pads), t + 1), generator=gen).to(rig.device)  # (B, t + 1)
     ids, targets = seq[:, :-1], seq[:, 1:]  # (B, t) each
-    mask = kit.mask(pads, t, device)
+    mask = kit.mask(pads, t, rig.device)
     loss = padded_cross_entropy(padded_forward(model, ids, mask), targets, mask)  # type: ignore[arg-type]
     loss.backward()
     got = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     model.zero_grad()
     n_total = sum(t - p for p in pads)
-    want = torch.zeros((), dtype=dtype, device=device)
+    want = torch.zeros((), dtype=dtype, device=rig.device)
     for b, p in enumerate(pads):
         if p == t:
             continue
         alone = F.cross_entropy(model(ids[b : b + 1, p:])[0], targets[b, p:])  # row mean
         want = want + alone * (t - p) / n_total  # weighted by the row's tokens
     want.backward()
-    torch.testing.assert_close(loss.detach(), want.detach(), **tol(dtype))
+    rig.close(loss.detach(), want.detach(), dtype)
     for name, param in model.named_parameters():
         assert param.grad is not None
         assert torch.isfinite(got[name]).all(), name
-        torch.testing.assert_close(got[name], param.grad, **tol(dtype), msg=name)
+        torch.testing.assert_close(got[name], param.grad, **rig.tol(dtype), msg=name)
 
 
 @pytest.mark.invariant("padding.unpadded_exact")
-def test_no_mask_is_cross_entropy_itself(
-    device: torch.device, float_dtypes: tuple[torch.dtype, ...]
-) -> None:
-    for dtype in float_dtypes:
+def test_no_mask_is_cross_entropy_itself(rig: kit.Rig) -> None:
+    for dtype in rig.float_dtypes:
         gen = torch.Generator().manual_seed(4)
-        logits = torch.randn(3, 6, 11, generator=gen).to(device, dtype).requires_grad_()
-        targets = torch.randint(0, 11, (3, 6), generator=gen).to(device)  # (3, 6)
+        logits = torch.randn(3, 6, 11, generator=gen).to(rig.device, dtype).requires_grad_()
+        targets = torch.randint(0, 11, (3, 6), generator=gen).to(rig.device)  # (3, 6)
         got = padded_cross_entropy(logits, targets, None)
         (grad,) = torch.autograd.grad(got, logits)
         want = F.cross_entropy(logits.flatten(0, 1), targets.flatten())

@@ -23,6 +23,8 @@ from niels_gpt.config import ModelConfig
 from niels_gpt.model.gpt import GPT
 from niels_gpt.model.padding import padded_forward
 
+rig = kit.rig  # the bundled fixtures (speckit.acceptance.Rig), found by pytest here
+
 # --- a reference from the formulas ------------------------------------------------------
 
 
@@ -85,20 +87,14 @@ def reference_row(model: GPT, tokens: list[int]) -> tuple[torch.Tensor, list[tor
 @pytest.mark.invariant("padding.padding_invariance")
 @pytest.mark.invariant("padding.masked_probabilities")
 @pytest.mark.parametrize("fast", [False, True])
-def test_padded_batch_matches_a_reference_from_the_formulas(
-    device: torch.device,
-    float_dtypes: tuple[torch.dtype, ...],
-    tol: kit.Tol,
-    randomise: kit.Randomise,
-    fast: bool,
-) -> None:
+def test_padded_batch_matches_a_reference_from_the_formulas(rig: kit.Rig, fast: bool) -> None:
     cfg = ModelConfig(V=27, T=11, C=24, L=3, H=3, d_ff=20, dropout=0.0, rope_theta=123.0)
     pads, t = [0, 4, 11, 10, 7], cfg.T  # unpadded, padded, all padding, one token, padded
-    dtype = float_dtypes[-1]  # float64 where the device has it
-    model = kit.model(cfg, device, dtype, randomise, 17, fast)
-    ids = kit.tokens(cfg, len(pads), t, 4, device)  # (B, t)
+    dtype = rig.widest  # float64 where the device has it
+    model = rig.model(cfg, dtype, 17, fast)
+    ids = rig.tokens(cfg, len(pads), t, 4)  # (B, t)
     with torch.no_grad():
-        logits, trace = padded_forward(model, ids, kit.mask(pads, t, device), trace_layer=2)
+        logits, trace = padded_forward(model, ids, kit.mask(pads, t, rig.device), trace_layer=2)
     full = trace["attn_full"]
     assert full is not None
     for b, p in enumerate(pads):
@@ -106,9 +102,9 @@ def test_padded_batch_matches_a_reference_from_the_formulas(
         if p == t:
             continue
         want_logits, want_probs = reference_row(model, ids[b, p:].tolist())
-        torch.testing.assert_close(logits[b, p:].cpu().double(), want_logits, **tol(dtype))
+        rig.close(logits[b, p:].cpu().double(), want_logits, dtype)
         got_probs = full[b, :, p:, p:].cpu().double()  # (H, t - p, t - p)
-        torch.testing.assert_close(got_probs, want_probs[2], **tol(dtype))
+        rig.close(got_probs, want_probs[2], dtype)
 
 
 # --- padding invariance ---------------------------------------------------------
@@ -116,22 +112,15 @@ def test_padded_batch_matches_a_reference_from_the_formulas(
 
 @pytest.mark.invariant("padding.padding_invariance")
 @settings(max_examples=15)
-@given(cfg=kit.configs(), fast=st.booleans(), seed=st.integers(0, 2**16), data=st.data())
+@given(case=kit.cases(kit.configs()), data=st.data())
 def test_real_positions_match_the_row_alone(
-    device: torch.device,
-    float_dtypes: tuple[torch.dtype, ...],
-    tol: kit.Tol,
-    randomise: kit.Randomise,
-    cfg: ModelConfig,
-    fast: bool,
-    seed: int,
-    data: st.DataObject,
+    rig: kit.Rig, case: kit.Case, data: st.DataObject
 ) -> None:
-    dtype = data.draw(st.sampled_from(float_dtypes))
+    cfg, seed, fast = case
+    dtype = data.draw(st.sampled_from(rig.float_dtypes))
     t, pads = data.draw(kit.padded_shapes(cfg.T))
-    model = kit.model(cfg, device, dtype, randomise, seed, fast)
-    ids = kit.tokens(cfg, len(pads), t, seed, device)  # (B, t), pads hold random ids
-    mask = kit.mask(pads, t, device)
+    model = rig.model(cfg, dtype, seed, fast)
+    ids, mask = kit.batch(rig, cfg, pads, t, seed)  # (B, t), pads hold random ids
     with torch.no_grad():
         logits = padded_forward(model, ids, mask)  # (B, t, V)
         assert isinstance(logits, torch.Tensor)
@@ -140,39 +129,33 @@ def test_real_positions_match_the_row_alone(
             assert not logits[b, :p].any(), "padded positions must hold exactly 0"
             if p < t:
                 alone = model(ids[b : b + 1, p:])  # (1, t - p, V)
-                torch.testing.assert_close(logits[b, p:], alone[0], **tol(dtype))
-        other_pads = torch.where(mask, ids, kit.tokens(cfg, len(pads), t, seed + 1, device))
+                rig.close(logits[b, p:], alone[0], dtype)
+        other_pads = torch.where(mask, ids, kit.tokens(cfg, len(pads), t, seed + 1, rig.device))
         again = padded_forward(model, other_pads, mask)  # the pad ids changed, nothing else
-        torch.testing.assert_close(again, logits, **tol(dtype))
+        rig.close(again, logits, dtype)
 
 
 @pytest.mark.invariant("padding.padding_invariance")
 @pytest.mark.parametrize("fast", [False, True])
-def test_any_amount_of_padding_gives_the_same_logits(
-    device: torch.device,
-    float_dtypes: tuple[torch.dtype, ...],
-    tol: kit.Tol,
-    randomise: kit.Randomise,
-    fast: bool,
-) -> None:
+def test_any_amount_of_padding_gives_the_same_logits(rig: kit.Rig, fast: bool) -> None:
     # One real row of 3 tokens, left-padded to every width from 3 to T with random
     # pad ids, beside an unpadded row of that width.
     cfg = ModelConfig(V=29, T=11, C=24, L=2, H=3, d_ff=20, dropout=0.0, rope_theta=71.0)
-    for dtype in float_dtypes:
-        model = kit.model(cfg, device, dtype, randomise, 5, fast)
-        real = kit.tokens(cfg, 1, 3, 1, device)  # (1, 3)
+    for dtype in rig.float_dtypes:
+        model = rig.model(cfg, dtype, 5, fast)
+        real = rig.tokens(cfg, 1, 3, 1)  # (1, 3)
         with torch.no_grad():
             alone = model(real)[0]  # (3, V)
         for width in range(3, cfg.T + 1):
-            ids = kit.tokens(cfg, 2, width, width, device)  # (2, width): pad ids and a full row
+            ids = rig.tokens(cfg, 2, width, width)  # (2, width): pad ids and a full row
             ids[0, width - 3 :] = real[0]
             with torch.no_grad():
-                logits = padded_forward(model, ids, kit.mask([width - 3, 0], width, device))
+                logits = padded_forward(model, ids, kit.mask([width - 3, 0], width, rig.device))
                 full_row = model(ids[1:])[0]  # (width, V)
             assert isinstance(logits, torch.Tensor)
-            torch.testing.assert_close(logits[0, width - 3 :], alone, **tol(dtype))
+            rig.close(logits[0, width - 3 :], alone, dtype)
             assert not logits[0, : width - 3].any()
-            torch.testing.assert_close(logits[1], full_row, **tol(dtype))
+            rig.close(logits[1], full_row, dtype)
 
 
 # --- probabilities --------------------------------------------------------------
@@ -180,24 +163,15 @@ def test_any_amount_of_padding_gives_the_same_logits(
 
 @pytest.mark.invariant("padding.masked_probabilities")
 @settings(max_examples=12)
-@given(cfg=kit.configs(), fast=st.booleans(), seed=st.integers(0, 2**16), data=st.data())
-def test_trace_masks_padding_exactly(
-    device: torch.device,
-    float_dtypes: tuple[torch.dtype, ...],
-    tol: kit.Tol,
-    randomise: kit.Randomise,
-    cfg: ModelConfig,
-    fast: bool,
-    seed: int,
-    data: st.DataObject,
-) -> None:
-    dtype = data.draw(st.sampled_from(float_dtypes))
+@given(case=kit.cases(kit.configs()), data=st.data())
+def test_trace_masks_padding_exactly(rig: kit.Rig, case: kit.Case, data: st.DataObject) -> None:
+    cfg, seed, fast = case
+    dtype = data.draw(st.sampled_from(rig.float_dtypes))
     layer = data.draw(st.integers(0, cfg.L - 1))
     t, pads = data.draw(kit.padded_shapes(cfg.T))
     B = len(pads)
-    model = kit.model(cfg, device, dtype, randomise, seed, fast)
-    ids = kit.tokens(cfg, B, t, seed, device)  # (B, t)
-    mask = kit.mask(pads, t, device)
+    model = rig.model(cfg, dtype, seed, fast)
+    ids, mask = kit.batch(rig, cfg, pads, t, seed)  # (B, t)
     with torch.no_grad():
         logits, trace = padded_forward(model, ids, mask, trace_layer=layer)
         plain = padded_forward(model, ids, mask)
@@ -206,34 +180,29 @@ def test_trace_masks_padding_exactly(
     assert full is not None and full.shape == (B, cfg.H, t, t) and full.dtype == dtype
     assert torch.equal(trace["attn_row"], full[:, :, -1])
     assert torch.isfinite(full).all() and torch.isfinite(logits).all()
-    torch.testing.assert_close(logits, plain, **tol(dtype))  # tracing changes no logits
+    rig.close(logits, plain, dtype)  # tracing changes no logits
     for b, p in enumerate(pads):
         assert not full[b, :, :, :p].any(), "a padded key got probability"
         assert not full[b, :, :p, :].any(), "a padded query's row is not all zero"
         if p == t:
             continue
-        ones = torch.ones(cfg.H, t - p, dtype=dtype, device=device)
-        torch.testing.assert_close(full[b, :, p:].sum(-1), ones, **tol(dtype))
+        ones = torch.ones(cfg.H, t - p, dtype=dtype, device=rig.device)
+        rig.close(full[b, :, p:].sum(-1), ones, dtype)
         with torch.no_grad():
             _, ref = model.forward_with_attn_trace(ids[b : b + 1, p:], layer, True)
         assert ref["attn_full"] is not None
-        torch.testing.assert_close(full[b, :, p:, p:], ref["attn_full"][0], **tol(dtype))
+        rig.close(full[b, :, p:, p:], ref["attn_full"][0], dtype)
 
 
 @pytest.mark.invariant("padding.masked_probabilities")
 @pytest.mark.invariant("padding.output_contract")
 @pytest.mark.parametrize("fast", [False, True])
-def test_a_batch_of_nothing_but_padding_gives_zeros(
-    device: torch.device,
-    float_dtypes: tuple[torch.dtype, ...],
-    randomise: kit.Randomise,
-    fast: bool,
-) -> None:
+def test_a_batch_of_nothing_but_padding_gives_zeros(rig: kit.Rig, fast: bool) -> None:
     cfg = ModelConfig(V=13, T=6, C=8, L=2, H=2, d_ff=8, dropout=0.0)
-    for dtype in float_dtypes:
-        model = kit.model(cfg, device, dtype, randomise, 3, fast)
-        ids = kit.tokens(cfg, 2, 5, 1, device)  # (2, 5)
-        mask = torch.zeros(2, 5, dtype=torch.bool, device=device)  # (2, 5), no real token
+    for dtype in rig.float_dtypes:
+        model = rig.model(cfg, dtype, 3, fast)
+        ids = rig.tokens(cfg, 2, 5, 1)  # (2, 5)
+        mask = torch.zeros(2, 5, dtype=torch.bool, device=rig.device)  # (2, 5), no real token
         logits, trace = padded_forward(model, ids, mask, trace_layer=0)
         assert logits.shape == (2, 5, cfg.V) and not logits.any()
         full = trace["attn_full"]
@@ -249,19 +218,13 @@ def test_a_batch_of_nothing_but_padding_gives_zeros(
 
 @pytest.mark.invariant("padding.causal_within_row")
 @pytest.mark.parametrize("fast", [False, True])
-def test_a_real_token_changes_nothing_before_it_or_in_other_rows(
-    device: torch.device,
-    float_dtypes: tuple[torch.dtype, ...],
-    tol: kit.Tol,
-    randomise: kit.Randomise,
-    fast: bool,
-) -> None:
+def test_a_real_token_changes_nothing_before_it_or_in_other_rows(rig: kit.Rig, fast: bool) -> None:
     cfg = ModelConfig(V=31, T=10, C=16, L=2, H=2, d_ff=12, dropout=0.0, rope_theta=40.0)
     pads = [3, 0, 6, 10]
-    for dtype in float_dtypes:
-        model = kit.model(cfg, device, dtype, randomise, 7, fast)
-        ids = kit.tokens(cfg, 4, cfg.T, 3, device)  # (4, T)
-        mask = kit.mask(pads, cfg.T, device)
+    for dtype in rig.float_dtypes:
+        model = rig.model(cfg, dtype, 7, fast)
+        ids = rig.tokens(cfg, 4, cfg.T, 3)  # (4, T)
+        mask = kit.mask(pads, cfg.T, rig.device)
         with torch.no_grad():
             base = padded_forward(model, ids, mask)  # (4, T, V)
             assert isinstance(base, torch.Tensor)
@@ -272,11 +235,11 @@ def test_a_real_token_changes_nothing_before_it_or_in_other_rows(
                     changed[b, j] = (changed[b, j] + 1) % cfg.V
                     out = padded_forward(model, changed, mask)  # (4, T, V)
                     assert isinstance(out, torch.Tensor)
-                    torch.testing.assert_close(out[others], base[others], **tol(dtype))
+                    rig.close(out[others], base[others], dtype)
                     if j < p:  # a pad: nothing at all changes
-                        torch.testing.assert_close(out[b], base[b], **tol(dtype))
+                        rig.close(out[b], base[b], dtype)
                         continue
-                    torch.testing.assert_close(out[b, :j], base[b, :j], **tol(dtype))
+                    rig.close(out[b, :j], base[b, :j], dtype)
                     assert not torch.allclose(out[b, j], base[b, j]), "the token itself must count"
 
 
@@ -287,17 +250,13 @@ def test_a_real_token_changes_nothing_before_it_or_in_other_rows(
 @pytest.mark.parametrize("fast", [False, True])
 @pytest.mark.parametrize("training", [False, True])
 def test_no_padding_is_the_models_own_forward_bit_for_bit(
-    device: torch.device,
-    float_dtypes: tuple[torch.dtype, ...],
-    randomise: kit.Randomise,
-    fast: bool,
-    training: bool,
+    rig: kit.Rig, fast: bool, training: bool
 ) -> None:
     cfg = ModelConfig(V=37, T=12, C=24, L=3, H=3, d_ff=20, dropout=0.2, rope_theta=300.0)
-    for dtype in float_dtypes:
-        model = kit.model(cfg, device, dtype, randomise, 9, fast).train(training)
-        ids = kit.tokens(cfg, 3, 9, 4, device)  # (3, 9)
-        for mask in (None, torch.ones(3, 9, dtype=torch.bool, device=device)):
+    for dtype in rig.float_dtypes:
+        model = rig.model(cfg, dtype, 9, fast).train(training)
+        ids = rig.tokens(cfg, 3, 9, 4)  # (3, 9)
+        for mask in (None, torch.ones(3, 9, dtype=torch.bool, device=rig.device)):
             torch.manual_seed(11)
             got = padded_forward(model, ids, mask)
             torch.manual_seed(11)

@@ -17,22 +17,18 @@ from niels_gpt.model.fastpath import sdpa_kernel
 from niels_gpt.model.kv_cache import use_kv_cache
 from niels_gpt.model.padding import padded_forward
 
+rig = kit.rig  # the bundled fixtures (speckit.acceptance.Rig), found by pytest here
+
 # --- the output ----------------------------------------------------------------------------------
 
 
 @pytest.mark.invariant("padding.output_contract")
 @pytest.mark.parametrize("fast", [False, True])
-def test_output_shapes_and_dtypes_are_the_explicit_paths(
-    device: torch.device,
-    float_dtypes: tuple[torch.dtype, ...],
-    randomise: kit.Randomise,
-    fast: bool,
-) -> None:
+def test_output_shapes_and_dtypes_are_the_explicit_paths(rig: kit.Rig, fast: bool) -> None:
     cfg = ModelConfig(V=17, T=8, C=16, L=2, H=4, d_ff=12, dropout=0.1)
-    for dtype in float_dtypes:
-        model = kit.model(cfg, device, dtype, randomise, 2, fast)
-        ids = kit.tokens(cfg, 3, 7, 5, device)  # (3, 7)
-        mask = kit.mask([2, 0, 6], 7, device)
+    for dtype in rig.float_dtypes:
+        model = rig.model(cfg, dtype, 2, fast)
+        ids, mask = kit.batch(rig, cfg, [2, 0, 6], 7, 5)  # (3, 7)
         with torch.no_grad():
             _, explicit = model.forward_with_attn_trace(ids, 0, return_full_attn=True)
             logits = padded_forward(model, ids, mask)
@@ -54,41 +50,31 @@ def test_output_shapes_and_dtypes_are_the_explicit_paths(
 @pytest.mark.parametrize("fast", [False, True])
 @pytest.mark.parametrize("training", [False, True])
 def test_padded_forward_hands_the_model_back_as_it_was(
-    device: torch.device, randomise: kit.Randomise, fast: bool, training: bool
+    rig: kit.Rig, fast: bool, training: bool
 ) -> None:
     cfg = ModelConfig(V=21, T=8, C=16, L=2, H=2, d_ff=12, dropout=0.1)
-    model = kit.model(cfg, device, torch.float32, randomise, 6, fast).train(training)
+    model = rig.model(cfg, torch.float32, 6, fast).train(training)
     before = kit.state(model)
-    ids = kit.tokens(cfg, 2, 8, 1, device)  # (2, 8)
-    logits = padded_forward(model, ids, kit.mask([3, 0], 8, device), trace_layer=1)[0]
+    ids = rig.tokens(cfg, 2, 8, 1)  # (2, 8)
+    logits = padded_forward(model, ids, kit.mask([3, 0], 8, rig.device), trace_layer=1)[0]
     logits.sum().backward()
     kit.assert_same_state(model, before)
     assert all(type(b.attn) is CausalSelfAttention for b in model.blocks)
     assert all(b.attn.kernel is (sdpa_kernel if fast else None) for b in model.blocks)
     model.zero_grad()
     with torch.no_grad():
-        padded_forward(model, ids, kit.mask([0, 5], 8, device))
+        padded_forward(model, ids, kit.mask([0, 5], 8, rig.device))
     kit.assert_same_state(model, before)
 
 
 @pytest.mark.invariant("padding.leaves_model")
 @pytest.mark.parametrize("fast", [False, True])
-def test_padded_forward_restores_the_model_when_a_layer_fails(
-    device: torch.device, randomise: kit.Randomise, fast: bool
-) -> None:
+def test_padded_forward_restores_the_model_when_a_layer_fails(rig: kit.Rig, fast: bool) -> None:
     cfg = ModelConfig(V=21, T=8, C=16, L=2, H=2, d_ff=12, dropout=0.0)
-    model = kit.model(cfg, device, torch.float32, randomise, 6, fast)
+    model = rig.model(cfg, torch.float32, 6, fast)
     before = kit.state(model)
-
-    def fail(module: torch.nn.Module, args: tuple[Any, ...]) -> None:
-        raise RuntimeError("injected failure")
-
-    handle = model.blocks[1].register_forward_pre_hook(fail)
-    try:
-        with pytest.raises(RuntimeError, match="injected failure"):
-            padded_forward(model, kit.tokens(cfg, 2, 6, 1, device), kit.mask([2, 0], 6, device))
-    finally:
-        handle.remove()
+    with kit.failing_call(model.blocks[1], 1), pytest.raises(RuntimeError, match="injected"):
+        padded_forward(model, rig.tokens(cfg, 2, 6, 1), kit.mask([2, 0], 6, rig.device))
     kit.assert_same_state(model, before)
 
 
@@ -140,28 +126,19 @@ def _bad_calls(device: torch.device) -> dict[str, tuple[Any, Any, dict[str, Any]
 @pytest.mark.invariant("padding.leaves_model")
 @pytest.mark.parametrize("case", sorted(_bad_calls(torch.device("cpu"))))
 def test_padded_forward_rejects_bad_input_before_any_work(
-    device: torch.device, randomise: kit.Randomise, case: str, monkeypatch: pytest.MonkeyPatch
+    rig: kit.Rig, case: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    ids, mask, kwargs, needles = _bad_calls(device)[case]
-    model = kit.model(BAD_CFG, device, torch.float32, randomise, 0)
+    ids, mask, kwargs, needles = _bad_calls(rig.device)[case]
+    model = rig.model(BAD_CFG, torch.float32, 0)
     before = kit.state(model)
     writes = kit.watch_attention_writes(monkeypatch)
-    forwards: list[str] = []
-    handles = [
-        module.register_forward_pre_hook(lambda m, a: forwards.append(type(m).__name__))
-        for module in (model.blocks[0], model.blocks[0].attn)
-    ]
-    try:
-        with pytest.raises(InputError) as caught:
-            padded_forward(model, ids, mask, **kwargs)
-    finally:
-        for handle in handles:
-            handle.remove()
-    assert forwards == []
+    kit.assert_refused_unrun(
+        lambda: padded_forward(model, ids, mask, **kwargs),
+        (model.blocks[0], model.blocks[0].attn),
+        InputError,
+        needles,
+    )
     assert writes == []  # no module was switched, not even for a moment
-    message = str(caught.value)
-    for needle in needles:
-        assert needle in message, f"{needle!r} not named in {message!r}"
     kit.assert_same_state(model, before)
 
 
@@ -169,20 +146,13 @@ def test_padded_forward_rejects_bad_input_before_any_work(
 @pytest.mark.invariant("padding.leaves_model")
 @pytest.mark.parametrize("case", sorted(_bad_calls(torch.device("cpu"))))
 def test_no_hook_is_put_on_the_model_before_the_checks(
-    device: torch.device, randomise: kit.Randomise, case: str, monkeypatch: pytest.MonkeyPatch
+    rig: kit.Rig, case: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """2.1: a padded call reaches the attention through hooks; bad input gets none of them,
     not even for a moment (the checks come first, not the model's own)."""
-    ids, mask, kwargs, _ = _bad_calls(device)[case]
-    model = kit.model(BAD_CFG, device, torch.float32, randomise, 0)
-    hooked: list[str] = []
-    real = torch.nn.Module.register_forward_pre_hook
-
-    def spy(module: torch.nn.Module, *args: Any, **kw: Any) -> Any:
-        hooked.append(type(module).__name__)
-        return real(module, *args, **kw)
-
-    monkeypatch.setattr(torch.nn.Module, "register_forward_pre_hook", spy)
+    ids, mask, kwargs, _ = _bad_calls(rig.device)[case]
+    model = rig.model(BAD_CFG, torch.float32, 0)
+    hooked = kit.watch_hook_registrations(monkeypatch)
     with pytest.raises(InputError):
         padded_forward(model, ids, mask, **kwargs)
     assert hooked == []
@@ -196,12 +166,9 @@ class _OtherAttention(CausalSelfAttention):
 
 
 @pytest.mark.invariant("padding.rejects_bad_input")
-def test_padded_forward_rejects_models_it_cannot_switch(
-    device: torch.device, randomise: kit.Randomise
-) -> None:
-    model = kit.model(BAD_CFG, device, torch.float32, randomise, 0)
-    ids = kit.tokens(BAD_CFG, 2, 4, 1, device)  # (2, 4)
-    mask = kit.mask([1, 0], 4, device)
+def test_padded_forward_rejects_models_it_cannot_switch(rig: kit.Rig) -> None:
+    model = rig.model(BAD_CFG, torch.float32, 0)
+    ids, mask = kit.batch(rig, BAD_CFG, [1, 0], 4, 1)  # (2, 4)
     with pytest.raises(InputError):
         padded_forward(model.blocks, ids, mask)  # type: ignore[arg-type]
     model.blocks[1].attn.__class__ = _OtherAttention

@@ -20,6 +20,8 @@ from niels_gpt.config import ModelConfig
 from niels_gpt.model.gpt import GPT
 from niels_gpt.model.padding import padded_forward
 
+rig = kit.rig  # the bundled fixtures (speckit.acceptance.Rig), found by pytest here
+
 # --- gradients --------------------------------------------------------------------------
 
 
@@ -48,24 +50,18 @@ def _assert_grads_close(
 
 @pytest.mark.invariant("padding.finite_gradients")
 @pytest.mark.parametrize("fast", [False, True])
-def test_gradients_are_finite_and_those_of_the_rows_alone(
-    device: torch.device,
-    float_dtypes: tuple[torch.dtype, ...],
-    tol: kit.Tol,
-    randomise: kit.Randomise,
-    fast: bool,
-) -> None:
+def test_gradients_are_finite_and_those_of_the_rows_alone(rig: kit.Rig, fast: bool) -> None:
     cfg = ModelConfig(V=23, T=9, C=16, L=2, H=2, d_ff=12, dropout=0.0, rope_theta=90.0)
     pads = [0, 4, 8, 9, 2]  # row 2 has a single real token, row 3 none
     B, t = len(pads), cfg.T
-    for dtype in float_dtypes:
-        model = kit.model(cfg, device, dtype, randomise, 13, fast)
-        ids = kit.tokens(cfg, B, t, 6, device)  # (B, t)
+    for dtype in rig.float_dtypes:
+        model = rig.model(cfg, dtype, 13, fast)
+        ids = rig.tokens(cfg, B, t, 6)  # (B, t)
         gen = torch.Generator().manual_seed(2)
-        g = torch.randn(B, t, cfg.V, generator=gen, dtype=dtype).to(device)  # (B, t, V)
-        g2 = torch.randn(B, cfg.H, t, t, generator=gen, dtype=dtype).to(device)  # (B, H, t, t)
+        g = torch.randn(B, t, cfg.V, generator=gen, dtype=dtype).to(rig.device)  # (B, t, V)
+        g2 = torch.randn(B, cfg.H, t, t, generator=gen, dtype=dtype).to(rig.device)  # (B, H, t, t)
         model.zero_grad()
-        logits, trace = padded_forward(model, ids, kit.mask(pads, t, device), trace_layer=1)
+        logits, trace = padded_forward(model, ids, kit.mask(pads, t, rig.device), trace_layer=1)
         full = trace["attn_full"]
         assert full is not None
         ((logits * g).sum() + (full * g2).sum()).backward()  # every padded query row included
@@ -80,28 +76,23 @@ def test_gradients_are_finite_and_those_of_the_rows_alone(
             assert ref["attn_full"] is not None
             loss = (alone[0] * g[b, p:]).sum() + (ref["attn_full"][0] * g2[b, :, p:, p:]).sum()
             loss.backward()
-        _assert_grads_close(got, _grads(model), tol(dtype))
+        _assert_grads_close(got, _grads(model), rig.tol(dtype))
 
 
 @pytest.mark.invariant("padding.finite_gradients")
 @settings(max_examples=8)
-@given(cfg=kit.configs(), seed=st.integers(0, 2**16), data=st.data())
+@given(case=kit.cases(kit.configs(), fast=False), data=st.data())
 def test_gradients_of_any_padded_batch_are_the_rows_alone(
-    device: torch.device,
-    float_dtypes: tuple[torch.dtype, ...],
-    tol: kit.Tol,
-    randomise: kit.Randomise,
-    cfg: ModelConfig,
-    seed: int,
-    data: st.DataObject,
+    rig: kit.Rig, case: kit.Case, data: st.DataObject
 ) -> None:
-    dtype = float_dtypes[-1]
+    cfg, seed, _ = case
+    dtype = rig.widest
     t, pads = data.draw(kit.padded_shapes(cfg.T))
-    model = kit.model(cfg, device, dtype, randomise, seed)
-    ids = kit.tokens(cfg, len(pads), t, seed, device)  # (B, t)
+    model = rig.model(cfg, dtype, seed)
+    ids = rig.tokens(cfg, len(pads), t, seed)  # (B, t)
     g = torch.randn(len(pads), t, cfg.V, generator=torch.Generator().manual_seed(seed))
-    g = g.to(device, dtype)  # (B, t, V)
-    logits = padded_forward(model, ids, kit.mask(pads, t, device))
+    g = g.to(rig.device, dtype)  # (B, t, V)
+    logits = padded_forward(model, ids, kit.mask(pads, t, rig.device))
     assert isinstance(logits, torch.Tensor)
     (logits * g).sum().backward()
     got = _grads(model)
@@ -111,7 +102,7 @@ def test_gradients_of_any_padded_batch_are_the_rows_alone(
             (model(ids[b : b + 1, p:])[0] * g[b, p:]).sum().backward()
     for name, grad in got.items():
         assert torch.isfinite(grad).all(), name
-    _assert_grads_close(got, _grads(model), tol(dtype))
+    _assert_grads_close(got, _grads(model), rig.tol(dtype))
 
 
 # --- training mode ------------------------------------------------------------------------
@@ -127,14 +118,11 @@ def _set_rates(model: GPT, emb: float, attn: float, resid: float, block: float) 
 
 @pytest.mark.invariant("padding.dropout_in_training")
 @pytest.mark.parametrize("fast", [False, True])
-def test_training_mode_applies_every_dropout_of_the_model(
-    device: torch.device, tol: kit.Tol, randomise: kit.Randomise, fast: bool
-) -> None:
+def test_training_mode_applies_every_dropout_of_the_model(rig: kit.Rig, fast: bool) -> None:
     # cfg.dropout is 0: only the rates set on the modules at call time can drop anything.
     cfg = ModelConfig(V=19, T=10, C=16, L=2, H=2, d_ff=12, dropout=0.0)
-    model = kit.model(cfg, device, torch.float32, randomise, 4, fast)
-    ids = kit.tokens(cfg, 3, 10, 8, device)  # (3, 10)
-    mask = kit.mask([0, 4, 7], 10, device)
+    model = rig.model(cfg, torch.float32, 4, fast)
+    ids, mask = kit.batch(rig, cfg, [0, 4, 7], 10, 8)  # (3, 10)
 
     def run(rates: tuple[float, float, float, float], training: bool) -> tuple[torch.Tensor, Any]:
         _set_rates(model, *rates)
@@ -157,34 +145,32 @@ def test_training_mode_applies_every_dropout_of_the_model(
     # Attention dropout alone: layer 0's probabilities see no dropped value, so the
     # trace (taken before attention dropout) equals the eval-mode one.
     _, trace = run((0.0, 0.5, 0.0, 0.0), training=True)
-    torch.testing.assert_close(trace["attn_full"], plain_trace["attn_full"], **tol(torch.float32))
+    rig.close(trace["attn_full"], plain_trace["attn_full"], torch.float32)
 
 
 @pytest.mark.invariant("padding.dropout_in_training")
 @pytest.mark.parametrize("which", [1, 2])
 def test_a_dropout_rate_of_one_is_applied_where_the_model_applies_it(
-    device: torch.device, tol: kit.Tol, randomise: kit.Randomise, which: int
+    rig: kit.Rig, which: int
 ) -> None:
     # Rate 1 drops everything, which is deterministic: attention dropout (which=1)
     # or residual dropout (which=2) at 1 zeroes every attention branch, so the
     # padded rows must equal the rows alone through the model in the same state.
     cfg = ModelConfig(V=19, T=9, C=16, L=2, H=2, d_ff=12, dropout=0.0)
-    model = kit.model(cfg, device, torch.float32, randomise, 8)
+    model = rig.model(cfg, torch.float32, 8)
     rates = [0.0, 0.0, 0.0, 0.0]
     rates[which] = 1.0
     _set_rates(model, *rates)
     model.train()
     pads = [0, 3, 8]
-    ids = kit.tokens(cfg, 3, cfg.T, 2, device)  # (3, T)
+    ids = rig.tokens(cfg, 3, cfg.T, 2)  # (3, T)
     with torch.no_grad():
-        logits, trace = padded_forward(model, ids, kit.mask(pads, cfg.T, device), trace_layer=1)
+        logits, trace = padded_forward(model, ids, kit.mask(pads, cfg.T, rig.device), trace_layer=1)
         for b, p in enumerate(pads):
             alone, ref = model.forward_with_attn_trace(ids[b : b + 1, p:], 1, True)
-            torch.testing.assert_close(logits[b, p:], alone[0], **tol(torch.float32))
+            rig.close(logits[b, p:], alone[0], torch.float32)
             assert ref["attn_full"] is not None  # taken before dropout: not all zero
-            torch.testing.assert_close(
-                trace["attn_full"][b, :, p:, p:], ref["attn_full"][0], **tol(torch.float32)
-            )
+            rig.close(trace["attn_full"][b, :, p:, p:], ref["attn_full"][0], torch.float32)
 
 
 # --- autocast --------------------------------------------------------------------------------

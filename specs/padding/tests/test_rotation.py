@@ -30,6 +30,8 @@ from niels_gpt.checks import InputError
 from niels_gpt.config import ModelConfig
 from niels_gpt.model.padding import apply_rope_rows, generate, padded_forward
 
+rig = kit.rig  # the bundled fixtures (speckit.acceptance.Rig), found by pytest here
+
 Call = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
 
@@ -105,9 +107,7 @@ def _row_positions(mask: torch.Tensor) -> torch.Tensor:
     data=st.data(),
 )
 def test_rows_equal_rope_apply_rope_row_by_row(
-    device: torch.device,
-    float_dtypes: tuple[torch.dtype, ...],
-    tol: kit.Tol,
+    rig: kit.Rig,
     B: int,
     H: int,
     n: int,
@@ -117,17 +117,19 @@ def test_rows_equal_rope_apply_rope_row_by_row(
     seed: int,
     data: st.DataObject,
 ) -> None:
-    dtype = data.draw(st.sampled_from(float_dtypes))
+    dtype = data.draw(st.sampled_from(rig.float_dtypes))
     D, Tc = 2 * half, 1 + extra
     gen = torch.Generator().manual_seed(seed)
     q = torch.randn(B, H, n, D, generator=gen, dtype=torch.float64).to(
-        device, dtype
+        rig.device, dtype
     )  # (B, H, n, D)
     k = torch.randn(B, H, n, D, generator=gen, dtype=torch.float64).to(
-        device, dtype
+        rig.device, dtype
     )  # (B, H, n, D)
-    positions = torch.randint(0, Tc, (B, n), generator=gen).to(device)  # (B, n)
-    sin, cos = rope.rope_cache(Tc, D, theta=theta, device=device, dtype=dtype)  # (1, 1, Tc, D/2)
+    positions = torch.randint(0, Tc, (B, n), generator=gen).to(rig.device)  # (B, n)
+    sin, cos = rope.rope_cache(
+        Tc, D, theta=theta, device=rig.device, dtype=dtype
+    )  # (1, 1, Tc, D/2)
     rows = [
         rope.apply_rope(
             q[b : b + 1], k[b : b + 1], sin[:, :, positions[b]], cos[:, :, positions[b]]
@@ -140,45 +142,43 @@ def test_rows_equal_rope_apply_rope_row_by_row(
     assert q_rot.shape == k_rot.shape == (B, H, n, D)
     assert q_rot.dtype == k_rot.dtype == dtype and q_rot.device == q.device
     for b, (q_ref, k_ref) in enumerate(rows):
-        torch.testing.assert_close(q_rot[b : b + 1], q_ref, **tol(dtype))
-        torch.testing.assert_close(k_rot[b : b + 1], k_ref, **tol(dtype))
+        rig.close(q_rot[b : b + 1], q_ref, dtype)
+        rig.close(k_rot[b : b + 1], k_ref, dtype)
     exact_q, exact_k = _complex_rope(q, positions, theta), _complex_rope(k, positions, theta)
-    torch.testing.assert_close(q_rot.cpu().double(), exact_q, **tol(dtype))
-    torch.testing.assert_close(k_rot.cpu().double(), exact_k, **tol(dtype))
+    rig.close(q_rot.cpu().double(), exact_q, dtype)
+    rig.close(k_rot.cpu().double(), exact_k, dtype)
 
 
 @pytest.mark.invariant("padding.rotation_matches_rope")
-def test_a_row_at_consecutive_positions_is_rope_with_sliced_tables(
-    device: torch.device, float_dtypes: tuple[torch.dtype, ...], tol: kit.Tol
-) -> None:
+def test_a_row_at_consecutive_positions_is_rope_with_sliced_tables(rig: kit.Rig) -> None:
     B, H, n, D, Tc = 3, 2, 5, 8, 16
     starts = [0, 4, 11]  # row b holds positions starts[b] .. starts[b] + n - 1
-    for dtype in float_dtypes:
+    for dtype in rig.float_dtypes:
         gen = torch.Generator().manual_seed(3)
-        q = torch.randn(B, H, n, D, generator=gen).to(device, dtype)  # (B, H, n, D)
-        k = torch.randn(B, H, n, D, generator=gen).to(device, dtype)  # (B, H, n, D)
-        sin, cos = rope.rope_cache(Tc, D, theta=500.0, device=device, dtype=dtype)
-        positions = torch.tensor([[s + i for i in range(n)] for s in starts]).to(device)  # (B, n)
+        q = torch.randn(B, H, n, D, generator=gen).to(rig.device, dtype)  # (B, H, n, D)
+        k = torch.randn(B, H, n, D, generator=gen).to(rig.device, dtype)  # (B, H, n, D)
+        sin, cos = rope.rope_cache(Tc, D, theta=500.0, device=rig.device, dtype=dtype)
+        positions = torch.tensor([[s + i for i in range(n)] for s in starts]).to(
+            rig.device
+        )  # (B, n)
         q_rot, k_rot = apply_rope_rows(q, k, sin, cos, positions)
         for b, s in enumerate(starts):
             q_ref, k_ref = rope.apply_rope(q[b : b + 1], k[b : b + 1], sin[:, :, s:], cos[:, :, s:])
-            torch.testing.assert_close(q_rot[b : b + 1], q_ref, **tol(dtype))
-            torch.testing.assert_close(k_rot[b : b + 1], k_ref, **tol(dtype))
+            rig.close(q_rot[b : b + 1], q_ref, dtype)
+            rig.close(k_rot[b : b + 1], k_ref, dtype)
         assert not torch.allclose(q_rot[1], q_rot[2])  # the offsets do matter
 
 
 @pytest.mark.invariant("padding.rotation_matches_rope")
 @pytest.mark.invariant("padding.row_positions")
-def test_the_one_call_gets_the_batch_folded_into_positions(
-    device: torch.device, float_dtypes: tuple[torch.dtype, ...]
-) -> None:
+def test_the_one_call_gets_the_batch_folded_into_positions(rig: kit.Rig) -> None:
     B, H, n, D, Tc = 3, 2, 4, 6, 9
-    dtype = float_dtypes[-1]
+    dtype = rig.widest
     gen = torch.Generator().manual_seed(8)
-    q = torch.randn(B, H, n, D, generator=gen).to(device, dtype)  # (B, H, n, D)
-    k = torch.randn(B, H, n, D, generator=gen).to(device, dtype)  # (B, H, n, D)
-    positions = torch.randint(0, Tc, (B, n), generator=gen).to(device)  # (B, n)
-    sin, cos = rope.rope_cache(Tc, D, device=device, dtype=dtype)  # (1, 1, Tc, D/2) each
+    q = torch.randn(B, H, n, D, generator=gen).to(rig.device, dtype)  # (B, H, n, D)
+    k = torch.randn(B, H, n, D, generator=gen).to(rig.device, dtype)  # (B, H, n, D)
+    positions = torch.randint(0, Tc, (B, n), generator=gen).to(rig.device)  # (B, n)
+    sin, cos = rope.rope_cache(Tc, D, device=rig.device, dtype=dtype)  # (1, 1, Tc, D/2) each
     with _spying() as calls:
         apply_rope_rows(q, k, sin, cos, positions)
     assert len(calls) == 1
@@ -243,19 +243,14 @@ def test_apply_rope_rows_rejects_bad_input_before_calling_rope(
 
 @pytest.mark.invariant("padding.row_positions")
 @pytest.mark.parametrize("fast", [False, True])
-def test_padded_forward_rotates_each_row_from_zero(
-    device: torch.device,
-    float_dtypes: tuple[torch.dtype, ...],
-    randomise: kit.Randomise,
-    fast: bool,
-) -> None:
+def test_padded_forward_rotates_each_row_from_zero(rig: kit.Rig, fast: bool) -> None:
     cfg = ModelConfig(V=23, T=12, C=16, L=3, H=2, d_ff=12, dropout=0.0, rope_theta=70.0)
     lengths, t = [9, 4, 0, 1, 6], 9  # B = 5: unpadded, padded, all padding, one token
     expected = _row_positions(_left_padded(cfg, lengths, t, 0, torch.device("cpu"))[1])
-    flat = expected.flatten().to(device)  # (B*t,), row b*t + j at expected[b, j]
-    for dtype in float_dtypes:
-        model = kit.model(cfg, device, dtype, randomise, 1, fast)
-        ids, mask = _left_padded(cfg, lengths, t, 2, device)
+    flat = expected.flatten().to(rig.device)  # (B*t,), row b*t + j at expected[b, j]
+    for dtype in rig.float_dtypes:
+        model = rig.model(cfg, dtype, 1, fast)
+        ids, mask = _left_padded(cfg, lengths, t, 2, rig.device)
         for trace_layer in (None, 1):
             with torch.no_grad(), _spying() as calls:
                 padded_forward(model, ids, mask, trace_layer=trace_layer)
@@ -270,29 +265,25 @@ def test_padded_forward_rotates_each_row_from_zero(
 
 
 @pytest.mark.invariant("padding.row_positions")
-def test_generation_rotates_new_tokens_at_column_minus_pads(
-    device: torch.device,
-    float_dtypes: tuple[torch.dtype, ...],
-    randomise: kit.Randomise,
-) -> None:
+def test_generation_rotates_new_tokens_at_column_minus_pads(rig: kit.Rig) -> None:
     cfg = ModelConfig(V=19, T=14, C=16, L=2, H=2, d_ff=12, dropout=0.0, rope_theta=90.0)
     lengths, t, new = [3, 6, 1], 6, 5
     pads = [t - n for n in lengths]
-    model = kit.model(cfg, device, float_dtypes[-1], randomise, 4)
-    ids, mask = _left_padded(cfg, lengths, t, 5, device)
+    model = rig.model(cfg, rig.widest, 4)
+    ids, mask = _left_padded(cfg, lengths, t, 5, rig.device)
     table_sin = model.blocks[0].attn.rope_sin[0, 0]  # (T, D/2)
     table_cos = model.blocks[0].attn.rope_cos[0, 0]  # (T, D/2)
     with _spying() as calls:
         generate(model, ids, mask, new, temperature=0.0)
     assert len(calls) == cfg.L * new  # the prefill, then one step a token
     steps = [calls[i : i + cfg.L] for i in range(0, len(calls), cfg.L)]
-    prefill = _row_positions(mask).flatten().to(device)  # (B*t,)
+    prefill = _row_positions(mask).flatten().to(rig.device)  # (B*t,)
     for step, layer_calls in enumerate(steps):
         if step == 0:
             want = prefill
         else:
             col = t + step - 1  # the column fed at this step
-            want = torch.tensor([col - p for p in pads], device=device)  # (B,)
+            want = torch.tensor([col - p for p in pads], device=rig.device)  # (B,)
         for q, _, sin, cos in layer_calls:
             assert q.shape[2] == want.numel()
             assert torch.equal(sin[0, 0, : want.numel()], table_sin[want])
@@ -300,17 +291,15 @@ def test_generation_rotates_new_tokens_at_column_minus_pads(
 
 
 @pytest.mark.invariant("padding.row_positions")
-def test_positions_do_not_depend_on_the_pad_amount(
-    device: torch.device, randomise: kit.Randomise
-) -> None:
+def test_positions_do_not_depend_on_the_pad_amount(rig: kit.Rig) -> None:
     # The same real tokens behind 0, 3 and 7 pads are rotated at the same table rows.
     cfg = ModelConfig(V=17, T=12, C=8, L=1, H=2, d_ff=8, dropout=0.0)
-    model = kit.model(cfg, device, torch.float32, randomise, 2)
-    real = torch.tensor([[5, 1, 9, 2]], device=device)  # (1, 4)
+    model = rig.model(cfg, torch.float32, 2)
+    real = torch.tensor([[5, 1, 9, 2]], device=rig.device)  # (1, 4)
     seen = []
     for pads in (0, 3, 7):
-        ids = torch.cat([torch.full((1, pads), 4, device=device), real], dim=1)  # (1, 4 + pads)
-        mask = torch.arange(4 + pads, device=device)[None] >= pads  # (1, 4 + pads)
+        ids = torch.cat([torch.full((1, pads), 4, device=rig.device), real], dim=1)  # (1, 4 + pads)
+        mask = torch.arange(4 + pads, device=rig.device)[None] >= pads  # (1, 4 + pads)
         with torch.no_grad(), _spying() as calls:
             padded_forward(model, ids, mask if pads else None)
         (_, _, sin, _), *_ = calls
