@@ -15,12 +15,16 @@ from speckit import acceptance as speckit
 
 from niels_gpt.model.gpt import GPT
 
-# bound under the names the tests have always used
+# bound under the names the tests use
 Tol, Randomise, NEG = speckit.Tol, speckit.Randomise, speckit.NEG
+Rig, rig, knobs, flatten = speckit.Rig, speckit.rig, speckit.knobs, speckit.flatten
+Case, cases, attention_calls = speckit.Case, speckit.cases, speckit.attention_calls
+state, assert_same_state = speckit.state, speckit.assert_same_state
+failing_call, assert_refused_unrun = speckit.failing_call, speckit.assert_refused_unrun
+watch_draw_dtypes = speckit.watch_draw_dtypes
 configs, model, tokens = speckit.configs, speckit.model, speckit.tokens
 generator = speckit.generator
 reference_keep, reference_filter = speckit.reference_keep, speckit.reference_filter
-watch_attention_calls = speckit.watch_attention_calls
 
 
 # --- references -------------------------------------------------------------

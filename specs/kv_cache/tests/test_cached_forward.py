@@ -28,6 +28,8 @@ from niels_gpt.config import ModelConfig
 from niels_gpt.model.gpt import GPT
 from niels_gpt.model.kv_cache import use_kv_cache
 
+rig = kit.rig  # the bundled fixtures (speckit.acceptance.Rig), found by pytest here
+
 
 def _split(total: int, cuts: list[int]) -> list[int]:
     """Chunk lengths that add up to ``total``, cut at the given points."""
@@ -41,29 +43,16 @@ configs = partial(kit.configs, max_T=20)  # T in [2, 20]
 
 @pytest.mark.invariant("kv_cache.chunk_logits_match_full")
 @settings(max_examples=15)
-@given(
-    cfg=configs(),
-    B=st.integers(1, 3),
-    fast=st.booleans(),
-    seed=st.integers(0, 2**16),
-    data=st.data(),
-)
+@given(case=kit.cases(configs()), B=st.integers(1, 3), data=st.data())
 def test_chunks_match_the_no_cache_forward(
-    device: torch.device,
-    float_dtypes: tuple[torch.dtype, ...],
-    tol: kit.Tol,
-    randomise: kit.Randomise,
-    cfg: ModelConfig,
-    B: int,
-    fast: bool,
-    seed: int,
-    data: st.DataObject,
+    rig: kit.Rig, case: kit.Case, B: int, data: st.DataObject
 ) -> None:
-    dtype = data.draw(st.sampled_from(float_dtypes))
+    cfg, seed, fast = case
+    dtype = data.draw(st.sampled_from(rig.float_dtypes))
     total = data.draw(st.integers(1, cfg.T))
     chunks = _split(total, data.draw(st.lists(st.integers(1, cfg.T), max_size=4)))
-    model = kit.model(cfg, device, dtype, randomise, seed, fast)
-    x = kit.tokens(cfg, B, total, seed, device)  # (B, total)
+    model = rig.model(cfg, dtype, seed, fast)
+    x = rig.tokens(cfg, B, total, seed)  # (B, total)
     with torch.no_grad():
         full = model(x)  # (B, total, V), no cache
         caches = use_kv_cache(model, B)
@@ -71,51 +60,39 @@ def test_chunks_match_the_no_cache_forward(
         for n in chunks:
             got = model(x[:, p : p + n])  # (B, n, V)
             assert got.shape == (B, n, cfg.V) and got.dtype == dtype
-            torch.testing.assert_close(got, full[:, p : p + n], **tol(dtype))
+            rig.close(got, full[:, p : p + n], dtype)
             p += n
             assert [len(c) for c in caches] == [p] * cfg.L
 
 
 @pytest.mark.invariant("kv_cache.chunk_logits_match_full")
 @pytest.mark.parametrize("fast", [False, True])
-def test_prefill_then_one_token_steps_match(
-    device: torch.device,
-    float_dtypes: tuple[torch.dtype, ...],
-    tol: kit.Tol,
-    randomise: kit.Randomise,
-    fast: bool,
-) -> None:
+def test_prefill_then_one_token_steps_match(rig: kit.Rig, fast: bool) -> None:
     cfg = ModelConfig(V=53, T=24, C=32, L=3, H=4, d_ff=40, dropout=0.1, rope_theta=211.0)
-    for dtype in float_dtypes:
-        model = kit.model(cfg, device, dtype, randomise, 11, fast)
-        x = kit.tokens(cfg, 2, cfg.T, 5, device)  # (B, T): every position, up to the last
+    for dtype in rig.float_dtypes:
+        model = rig.model(cfg, dtype, 11, fast)
+        x = rig.tokens(cfg, 2, cfg.T, 5)  # (B, T): every position, up to the last
         with torch.no_grad():
             full = model(x)  # (B, T, V)
             use_kv_cache(model, 2)
             got = [model(x[:, :7])[:, -1]]  # prefill: (B, V) of position 6
             got += [model(x[:, i : i + 1])[:, 0] for i in range(7, cfg.T)]  # (B, V) each
-        torch.testing.assert_close(torch.stack(got, 1), full[:, 6:], **tol(dtype))
+        rig.close(torch.stack(got, 1), full[:, 6:], dtype)
 
 
 @pytest.mark.invariant("kv_cache.trace_matches_full")
 @settings(max_examples=10)
-@given(cfg=configs(), B=st.integers(1, 2), seed=st.integers(0, 2**16), data=st.data())
+@given(case=kit.cases(configs(), fast=False), B=st.integers(1, 2), data=st.data())
 def test_chunk_probabilities_match_the_no_cache_trace(
-    device: torch.device,
-    float_dtypes: tuple[torch.dtype, ...],
-    tol: kit.Tol,
-    randomise: kit.Randomise,
-    cfg: ModelConfig,
-    B: int,
-    seed: int,
-    data: st.DataObject,
+    rig: kit.Rig, case: kit.Case, B: int, data: st.DataObject
 ) -> None:
-    dtype = data.draw(st.sampled_from(float_dtypes))
+    cfg, seed, _ = case
+    dtype = data.draw(st.sampled_from(rig.float_dtypes))
     layer = data.draw(st.integers(0, cfg.L - 1))
     total = data.draw(st.integers(1, cfg.T))
     chunks = _split(total, data.draw(st.lists(st.integers(1, cfg.T), max_size=3)))
-    model = kit.model(cfg, device, dtype, randomise, seed)
-    x = kit.tokens(cfg, B, total, seed, device)  # (B, total)
+    model = rig.model(cfg, dtype, seed)
+    x = rig.tokens(cfg, B, total, seed)  # (B, total)
     with torch.no_grad():
         _, ref = model.forward_with_attn_trace(x, layer, return_full_attn=True)
         full = ref["attn_full"]  # (B, H, total, total)
@@ -127,22 +104,18 @@ def test_chunk_probabilities_match_the_no_cache_trace(
             assert trace["layer"] == layer
             rows = trace["attn_full"]  # (B, H, n, p + n)
             assert rows is not None and rows.shape == (B, cfg.H, n, p + n)
-            torch.testing.assert_close(rows, full[:, :, p : p + n, : p + n], **tol(dtype))
-            torch.testing.assert_close(
-                trace["attn_row"], full[:, :, p + n - 1, : p + n], **tol(dtype)
-            )
+            rig.close(rows, full[:, :, p : p + n, : p + n], dtype)
+            rig.close(trace["attn_row"], full[:, :, p + n - 1, : p + n], dtype)
             p += n
 
 
 @pytest.mark.invariant("kv_cache.trace_matches_full")
-def test_trace_is_taken_before_attention_dropout(
-    device: torch.device, tol: kit.Tol, randomise: kit.Randomise
-) -> None:
+def test_trace_is_taken_before_attention_dropout(rig: kit.Rig) -> None:
     # Only attention dropout is on, so layer 0's probabilities never see a dropped
     # value: in training mode they must still equal the eval-mode reference.
     cfg = ModelConfig(V=29, T=12, C=16, L=2, H=2, d_ff=12, dropout=0.0)
-    model = kit.model(cfg, device, torch.float32, randomise, 3)
-    x = kit.tokens(cfg, 2, 9, 4, device)  # (B, 9)
+    model = rig.model(cfg, torch.float32, 3)
+    x = rig.tokens(cfg, 2, 9, 4)  # (B, 9)
     with torch.no_grad():
         _, ref = model.forward_with_attn_trace(x, 0, return_full_attn=True)
         full = ref["attn_full"]  # (B, H, 9, 9)
@@ -156,11 +129,9 @@ def test_trace_is_taken_before_attention_dropout(
         for n in (4, 1, 3, 1):
             _, trace = model.forward_with_attn_trace(x[:, p : p + n], 0, return_full_attn=True)
             assert trace["attn_full"] is not None
+            rig.close(trace["attn_full"], full[:, :, p : p + n, : p + n], torch.float32)
             torch.testing.assert_close(
-                trace["attn_full"], full[:, :, p : p + n, : p + n], **tol(torch.float32)
-            )
-            torch.testing.assert_close(
-                trace["attn_row"].sum(-1), torch.ones(2, cfg.H, device=device)
+                trace["attn_row"].sum(-1), torch.ones(2, cfg.H, device=rig.device)
             )
             p += n
 
@@ -183,16 +154,11 @@ def _reference_keys_values(model: GPT, x: torch.Tensor) -> list[tuple[torch.Tens
 
 
 @pytest.mark.invariant("kv_cache.cache_fixed")
-def test_cache_holds_rotated_keys_and_values_in_its_storage(
-    device: torch.device,
-    float_dtypes: tuple[torch.dtype, ...],
-    tol: kit.Tol,
-    randomise: kit.Randomise,
-) -> None:
+def test_cache_holds_rotated_keys_and_values_in_its_storage(rig: kit.Rig) -> None:
     cfg = ModelConfig(V=31, T=14, C=24, L=2, H=3, d_ff=16, dropout=0.0, rope_theta=90.0)
-    for dtype in float_dtypes:
-        model = kit.model(cfg, device, dtype, randomise, 8)
-        x = kit.tokens(cfg, 3, 11, 2, device)  # (B, 11)
+    for dtype in rig.float_dtypes:
+        model = rig.model(cfg, dtype, 8)
+        x = rig.tokens(cfg, 3, 11, 2)  # (B, 11)
         with torch.no_grad():
             want = _reference_keys_values(model, x)
             caches = use_kv_cache(model, 3)
@@ -206,8 +172,8 @@ def test_cache_holds_rotated_keys_and_values_in_its_storage(
                     assert (cache.keys.data_ptr(), cache.values.data_ptr()) == ptr
                     assert cache.keys.shape == cache.values.shape == (3, cfg.H, cfg.T, 8)
                     assert len(cache) == p
-                    torch.testing.assert_close(cache.keys[:, :, :p], k[:, :, :p], **tol(dtype))
-                    torch.testing.assert_close(cache.values[:, :, :p], v[:, :, :p], **tol(dtype))
+                    rig.close(cache.keys[:, :, :p], k[:, :, :p], dtype)
+                    rig.close(cache.values[:, :, :p], v[:, :, :p], dtype)
                     assert not cache.keys[:, :, p:].any() and not cache.values[:, :, p:].any()
 
 
@@ -238,12 +204,10 @@ def _logging_ops() -> Iterator[_OpLog]:
 
 @pytest.mark.invariant("kv_cache.cache_fixed")
 @pytest.mark.parametrize("fast", [False, True])
-def test_decode_steps_dispatch_no_concatenation(
-    device: torch.device, randomise: kit.Randomise, fast: bool
-) -> None:
+def test_decode_steps_dispatch_no_concatenation(rig: kit.Rig, fast: bool) -> None:
     cfg = ModelConfig(V=23, T=16, C=16, L=2, H=2, d_ff=12, dropout=0.0)
-    model = kit.model(cfg, device, torch.float32, randomise, 1, fast)
-    x = kit.tokens(cfg, 2, 12, 1, device)  # (B, 12)
+    model = rig.model(cfg, torch.float32, 1, fast)
+    x = rig.tokens(cfg, 2, 12, 1)  # (B, 12)
     with torch.no_grad():
         use_kv_cache(model, 2)
         model(x[:, :6])
@@ -285,10 +249,7 @@ def test_training_mode_applies_the_modules_own_dropout(device: torch.device) -> 
 
 @pytest.mark.invariant("kv_cache.rope_positions")
 def test_rope_gets_tables_starting_at_the_chunk(
-    device: torch.device,
-    float_dtypes: tuple[torch.dtype, ...],
-    randomise: kit.Randomise,
-    monkeypatch: pytest.MonkeyPatch,
+    rig: kit.Rig, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     cfg = ModelConfig(V=19, T=13, C=16, L=2, H=2, d_ff=12, dropout=0.0, rope_theta=50.0)
     real = rope.apply_rope
@@ -301,10 +262,10 @@ def test_rope_gets_tables_starting_at_the_chunk(
         return real(q, k, sin, cos)
 
     monkeypatch.setattr(rope, "apply_rope", spy)
-    for dtype in float_dtypes:
-        model = kit.model(cfg, device, dtype, randomise, 2)
+    for dtype in rig.float_dtypes:
+        model = rig.model(cfg, dtype, 2)
         table_sin, table_cos = model.blocks[0].attn.rope_sin, model.blocks[0].attn.rope_cos
-        x = kit.tokens(cfg, 2, 13, 3, device)  # (B, 13)
+        x = rig.tokens(cfg, 2, 13, 3)  # (B, 13)
         use_kv_cache(model, 2)
         p = 0
         for n in (5, 1, 2, 1, 4):
@@ -321,12 +282,10 @@ def test_rope_gets_tables_starting_at_the_chunk(
 
 
 @pytest.mark.invariant("kv_cache.rejects_bad_input")
-def test_cached_forward_rejects_overrun_and_mismatch(
-    device: torch.device, randomise: kit.Randomise
-) -> None:
+def test_cached_forward_rejects_overrun_and_mismatch(rig: kit.Rig) -> None:
     cfg = ModelConfig(V=17, T=10, C=16, L=2, H=2, d_ff=12, dropout=0.0)
-    model = kit.model(cfg, device, torch.float32, randomise, 4)
-    x = kit.tokens(cfg, 2, 10, 6, device)  # (B, 10)
+    model = rig.model(cfg, torch.float32, 4)
+    x = rig.tokens(cfg, 2, 10, 6)  # (B, 10)
     caches = use_kv_cache(model, 2)
     with torch.no_grad():
         model(x[:, :8])
@@ -334,7 +293,7 @@ def test_cached_forward_rejects_overrun_and_mismatch(
         with pytest.raises(InputError):
             model(x[:, :3])  # 8 + 3 > T
         with pytest.raises(InputError):
-            model(kit.tokens(cfg, 3, 1, 0, device))  # batch 3 against a batch-2 cache
+            model(rig.tokens(cfg, 3, 1, 0))  # batch 3 against a batch-2 cache
         with pytest.raises(InputError):
             model(x[:, :1].to(torch.int32))
         for cache, (k, v) in zip(caches, snapshot, strict=True):
@@ -347,14 +306,12 @@ def test_cached_forward_rejects_overrun_and_mismatch(
 
 
 @pytest.mark.invariant("kv_cache.rejects_bad_input")
-def test_cached_forward_rejects_a_cache_of_another_dtype(
-    device: torch.device, float_dtypes: tuple[torch.dtype, ...], randomise: kit.Randomise
-) -> None:
+def test_cached_forward_rejects_a_cache_of_another_dtype(rig: kit.Rig) -> None:
     cfg = ModelConfig(V=17, T=10, C=16, L=1, H=2, d_ff=12, dropout=0.0)
-    model = kit.model(cfg, device, torch.float32, randomise, 4)
+    model = rig.model(cfg, torch.float32, 4)
     (cache,) = use_kv_cache(model, 1)
-    other = torch.float64 if torch.float64 in float_dtypes else torch.float16
+    other = torch.float64 if torch.float64 in rig.float_dtypes else torch.float16
     model.to(other)  # the weights move on; the attached float32 cache does not
     with pytest.raises(InputError), torch.no_grad():
-        model(kit.tokens(cfg, 1, 2, 0, device))
+        model(rig.tokens(cfg, 1, 2, 0))
     assert len(cache) == 0

@@ -21,6 +21,9 @@ from hypothesis import strategies as st
 from niels_gpt.checks import InputError
 from niels_gpt.model.kv_cache import filter_logits
 
+rig = kit.rig  # the bundled fixtures (speckit.acceptance.Rig), found by pytest here
+
+
 NEG = float("-inf")
 
 
@@ -37,28 +40,24 @@ def _log_probs(probs: list[float]) -> list[float]:
 
 
 @pytest.mark.invariant("kv_cache.filter_matches_reference")
-def test_top_k_keeps_k_largest_and_ties(
-    device: torch.device, float_dtypes: tuple[torch.dtype, ...]
-) -> None:
-    for dtype in float_dtypes:
-        row = _row([3.0, 1.0, 4.0, 1.5, 5.0, 9.0, 2.0, 6.0], device, dtype)
+def test_top_k_keeps_k_largest_and_ties(rig: kit.Rig) -> None:
+    for dtype in rig.float_dtypes:
+        row = _row([3.0, 1.0, 4.0, 1.5, 5.0, 9.0, 2.0, 6.0], rig.device, dtype)
         assert _kept(filter_logits(row, top_k=3)) == [4, 5, 7]
         assert _kept(filter_logits(row, top_k=1)) == [5]
         assert _kept(filter_logits(row, top_k=8)) == list(range(8))
         assert _kept(filter_logits(row, top_k=50)) == list(range(8))  # k >= V keeps all
-        tied = _row([1.0, 3.0, 3.0, 2.0, 3.0], device, dtype)
+        tied = _row([1.0, 3.0, 3.0, 2.0, 3.0], rig.device, dtype)
         assert _kept(filter_logits(tied, top_k=2)) == [1, 2, 4]  # every tie at the k-th stays
         assert _kept(filter_logits(tied, top_k=4)) == [1, 2, 3, 4]
 
 
 @pytest.mark.invariant("kv_cache.filter_matches_reference")
-def test_top_p_keeps_the_entry_that_crosses(
-    device: torch.device, float_dtypes: tuple[torch.dtype, ...]
-) -> None:
+def test_top_p_keeps_the_entry_that_crosses(rig: kit.Rig) -> None:
     # Probabilities 0.5, 0.2, 0.15, 0.1, 0.05 in shuffled slots.
     probs = [0.1, 0.5, 0.05, 0.2, 0.15]
-    for dtype in float_dtypes:
-        row = _row(_log_probs(probs), device, dtype)
+    for dtype in rig.float_dtypes:
+        row = _row(_log_probs(probs), rig.device, dtype)
         assert _kept(filter_logits(row, top_p=0.45)) == [1]  # 0.5 alone crosses 0.45
         assert _kept(filter_logits(row, top_p=0.55)) == [1, 3]  # 0.5 < 0.55: 0.2 crosses
         assert _kept(filter_logits(row, top_p=0.75)) == [1, 3, 4]  # 0.7 < 0.75: 0.15 crosses
@@ -67,38 +66,36 @@ def test_top_p_keeps_the_entry_that_crosses(
         assert _kept(filter_logits(row, top_p=1.0)) == [0, 1, 2, 3, 4]
         assert _kept(filter_logits(row, top_p=0.01)) == [1]  # the top entry always stays
         # Equal probabilities: the lower index comes first in the order.
-        tied = _row([1.0, 2.0, 2.0, 0.0], device, dtype)  # p = .147, .3995, .3995, .054
+        tied = _row([1.0, 2.0, 2.0, 0.0], rig.device, dtype)  # p = .147, .3995, .3995, .054
         assert _kept(filter_logits(tied, top_p=0.3)) == [1]
         assert _kept(filter_logits(tied, top_p=0.7)) == [1, 2]
         assert _kept(filter_logits(tied, top_p=0.85)) == [0, 1, 2]
 
 
 @pytest.mark.invariant("kv_cache.filter_matches_reference")
-def test_top_p_mass_is_taken_after_top_k(
-    device: torch.device, float_dtypes: tuple[torch.dtype, ...]
-) -> None:
+def test_top_p_mass_is_taken_after_top_k(rig: kit.Rig) -> None:
     # After top_k=2 the survivors renormalise to 0.571, 0.429: top_p=0.5 keeps one.
     # Measured before top-k (0.4, 0.3, ...) it would keep two.
-    for dtype in float_dtypes:
-        row = _row(_log_probs([0.3, 0.4, 0.1, 0.2]), device, dtype)
+    for dtype in rig.float_dtypes:
+        row = _row(_log_probs([0.3, 0.4, 0.1, 0.2]), rig.device, dtype)
         assert _kept(filter_logits(row, top_k=2, top_p=0.5)) == [1]
         assert _kept(filter_logits(row, top_k=2, top_p=0.6)) == [0, 1]
         assert _kept(filter_logits(row, top_k=3, top_p=0.95)) == [0, 1, 3]
 
 
 @pytest.mark.invariant("kv_cache.filter_matches_reference")
-def test_temperature_divides_before_top_p(
-    device: torch.device, float_dtypes: tuple[torch.dtype, ...]
-) -> None:
-    for dtype in float_dtypes:
-        row = _row([2.0, -1.0, 0.5], device, dtype)
+def test_temperature_divides_before_top_p(rig: kit.Rig) -> None:
+    for dtype in rig.float_dtypes:
+        row = _row([2.0, -1.0, 0.5], rig.device, dtype)
         out = filter_logits(row, temperature=0.5)
-        torch.testing.assert_close(out, _row([4.0, -2.0, 1.0], device, dtype), rtol=0, atol=0)
+        torch.testing.assert_close(out, _row([4.0, -2.0, 1.0], rig.device, dtype), rtol=0, atol=0)
         out = filter_logits(row, temperature=4.0)
-        torch.testing.assert_close(out, _row([0.5, -0.25, 0.125], device, dtype), rtol=0, atol=0)
+        torch.testing.assert_close(
+            out, _row([0.5, -0.25, 0.125], rig.device, dtype), rtol=0, atol=0
+        )
         # p = 0.5, 0.3, 0.2; at temperature 2 they flatten to 0.415, 0.322, 0.263.
         # top_p = 0.45: unscaled keeps one entry, scaled keeps two.
-        probs = _row(_log_probs([0.5, 0.3, 0.2]), device, dtype)
+        probs = _row(_log_probs([0.5, 0.3, 0.2]), rig.device, dtype)
         assert _kept(filter_logits(probs, top_p=0.45)) == [0]
         assert _kept(filter_logits(probs, temperature=2.0, top_p=0.45)) == [0, 1]
         # At temperature 0.5 they sharpen to 0.658, 0.237, 0.105: top_p = 0.6 keeps one.
@@ -107,12 +104,10 @@ def test_temperature_divides_before_top_p(
 
 
 @pytest.mark.invariant("kv_cache.filter_matches_reference")
-def test_temperature_zero_keeps_the_first_maximum_unscaled(
-    device: torch.device, float_dtypes: tuple[torch.dtype, ...]
-) -> None:
-    for dtype in float_dtypes:
+def test_temperature_zero_keeps_the_first_maximum_unscaled(rig: kit.Rig) -> None:
+    for dtype in rig.float_dtypes:
         logits = torch.tensor(
-            [[1.0, 3.0, 3.0, 2.0], [-5.0, -7.0, -1.0, -1.0]], dtype=dtype, device=device
+            [[1.0, 3.0, 3.0, 2.0], [-5.0, -7.0, -1.0, -1.0]], dtype=dtype, device=rig.device
         )  # (2, 4)
         for top_k, top_p in ((None, None), (3, None), (None, 0.2), (2, 0.9)):
             out = filter_logits(logits, temperature=0.0, top_k=top_k, top_p=top_p)
@@ -122,12 +117,12 @@ def test_temperature_zero_keeps_the_first_maximum_unscaled(
 
 
 @pytest.mark.invariant("kv_cache.filter_matches_reference")
-def test_filter_keeps_shape_dtype_device_and_input(
-    device: torch.device, float_dtypes: tuple[torch.dtype, ...]
-) -> None:
+def test_filter_keeps_shape_dtype_device_and_input(rig: kit.Rig) -> None:
     gen = torch.Generator().manual_seed(3)
-    for dtype in float_dtypes:
-        logits = torch.randn(2, 3, 11, generator=gen).to(device=device, dtype=dtype)  # (2, 3, V)
+    for dtype in rig.float_dtypes:
+        logits = torch.randn(2, 3, 11, generator=gen).to(
+            device=rig.device, dtype=dtype
+        )  # (2, 3, V)
         before = logits.clone()
         out = filter_logits(logits, temperature=0.7, top_k=6, top_p=0.8)
         assert out.shape == logits.shape and out.dtype == dtype and out.device == logits.device
@@ -159,9 +154,7 @@ def _margin_ok(
     data=st.data(),
 )
 def test_filter_matches_reference_on_random_rows(
-    device: torch.device,
-    float_dtypes: tuple[torch.dtype, ...],
-    tol: kit.Tol,
+    rig: kit.Rig,
     B: int,
     V: int,
     temperature: float,
@@ -170,19 +163,19 @@ def test_filter_matches_reference_on_random_rows(
     seed: int,
     data: st.DataObject,
 ) -> None:
-    dtype = data.draw(st.sampled_from(float_dtypes))
+    dtype = data.draw(st.sampled_from(rig.float_dtypes))
     # Distinct logits a clear gap apart, so no order depends on rounding.
     gen = torch.Generator().manual_seed(seed)
     base = torch.arange(V, dtype=torch.float64) * 0.37 - 3.0  # (V,) a 0.37 gap apart
     rows = torch.stack([base[torch.randperm(V, generator=gen)] for _ in range(B)])  # (B, V)
-    logits = rows.to(device=device, dtype=dtype)  # (B, V)
+    logits = rows.to(device=rig.device, dtype=dtype)  # (B, V)
     if top_p is not None:
         assume(_margin_ok(logits.double().cpu().tolist(), temperature, top_k, top_p))
     out = filter_logits(logits, temperature=temperature, top_k=top_k, top_p=top_p)
     want = kit.reference_filter(logits, temperature, top_k, top_p)
     assert torch.equal(out == NEG, want == NEG)
     finite = want != NEG
-    torch.testing.assert_close(out[finite], want[finite], **tol(dtype))
+    rig.close(out[finite], want[finite], dtype)
 
 
 @pytest.mark.invariant("kv_cache.rejects_bad_input")

@@ -28,6 +28,9 @@ from niels_gpt.checks import InputError
 from niels_gpt.config import ModelConfig
 from niels_gpt.model.kv_cache import generate
 
+rig = kit.rig  # the bundled fixtures (speckit.acceptance.Rig), found by pytest here
+
+
 CFG = ModelConfig(V=53, T=24, C=32, L=2, H=4, d_ff=40, dropout=0.2, rope_theta=37.0)
 T0, NEW = 4, 12  # prompt length and new tokens
 # inductor's own imports warn so in torch 2.13; nothing of the stage's
@@ -52,16 +55,10 @@ def _counted(call: Any) -> tuple[Any, dict[str, int]]:
 @_INDUCTOR_WARNS
 @pytest.mark.invariant("kv_cache.compiled_step")
 @pytest.mark.parametrize("fast", [False, True])
-def test_compiled_steps_give_the_eager_ids_and_traces(
-    device: torch.device,
-    float_dtypes: tuple[torch.dtype, ...],
-    tol: kit.Tol,
-    randomise: kit.Randomise,
-    fast: bool,
-) -> None:
-    dtype = float_dtypes[-1]  # float64 where the device has it
-    model = kit.model(CFG, device, dtype, randomise, 11, fast)
-    prompt = kit.tokens(CFG, 2, T0, 5, device)  # (2, t)
+def test_compiled_steps_give_the_eager_ids_and_traces(rig: kit.Rig, fast: bool) -> None:
+    dtype = rig.widest  # float64 where the device has it
+    model = rig.model(CFG, dtype, 11, fast)
+    prompt = rig.tokens(CFG, 2, T0, 5)  # (2, t)
     cases: list[dict[str, Any]] = [
         {"temperature": 0},
         {"temperature": 0.9, "top_k": 9, "top_p": 0.8, "eos_id": 3},
@@ -69,7 +66,7 @@ def test_compiled_steps_give_the_eager_ids_and_traces(
     for knobs in cases:
 
         def run(compiled: bool, knobs: dict[str, Any] = knobs) -> Any:
-            gen = kit.generator(device, 17)
+            gen = rig.generator(17)
             step = BACKEND if compiled else False
             return generate(
                 model, prompt, NEW, trace_layer=1, generator=gen, compile_step=step, **knobs
@@ -82,7 +79,7 @@ def test_compiled_steps_give_the_eager_ids_and_traces(
         assert len(got_traces) == len(want_traces)
         for got, want in zip(got_traces, want_traces, strict=True):
             assert got.shape == want.shape and got.dtype == want.dtype
-            torch.testing.assert_close(got, want, **tol(dtype))
+            rig.close(got, want, dtype)
         steps = len(want_traces)  # forwards run: the prefill and steps - 1 single tokens
         assert eager["regions"] == 0, eager
         assert compiled["inductor"] == 0, compiled  # aot_eager's graphs are not inductor's
@@ -93,16 +90,14 @@ def test_compiled_steps_give_the_eager_ids_and_traces(
 
 @_INDUCTOR_WARNS
 @pytest.mark.invariant("kv_cache.compiled_step")
-def test_a_second_prompt_reuses_the_compiled_step_and_model_is_handed_back(
-    device: torch.device, float_dtypes: tuple[torch.dtype, ...], randomise: kit.Randomise
-) -> None:
-    dtype = float_dtypes[-1]
-    model = kit.model(CFG, device, dtype, randomise, 12)
+def test_a_second_prompt_reuses_the_compiled_step_and_model_is_handed_back(rig: kit.Rig) -> None:
+    dtype = rig.widest
+    model = rig.model(CFG, dtype, 12)
     state = {k: v.clone() for k, v in model.state_dict().items()}
     graphs = 0
     for B, t, new in ((1, 3, 9), (3, 6, 14), (3, 6, 14)):  # other sizes, then the same again
         graphs = counters["stats"]["unique_graphs"]  # what dynamo compiled so far
-        prompt = kit.tokens(CFG, B, t, B + t + new, device)  # (B, t)
+        prompt = rig.tokens(CFG, B, t, B + t + new)  # (B, t)
         got = generate(model, prompt, new, temperature=0, compile_step=BACKEND)
         assert torch.equal(got, kit.greedy_loop(model, prompt, new))
     assert counters["stats"]["unique_graphs"] == graphs  # the repeat compiled nothing new
@@ -114,15 +109,13 @@ def test_a_second_prompt_reuses_the_compiled_step_and_model_is_handed_back(
 
 @_INDUCTOR_WARNS
 @pytest.mark.invariant("kv_cache.compiled_step")
-def test_true_compiles_with_inductor(
-    device: torch.device, float_dtypes: tuple[torch.dtype, ...], randomise: kit.Randomise
-) -> None:
+def test_true_compiles_with_inductor(rig: kit.Rig) -> None:
     try:  # probe by doing: inductor on a CPU builds C++
-        torch.compile(lambda x: x * 2, backend="inductor")(torch.ones(3, device=device))
+        torch.compile(lambda x: x * 2, backend="inductor")(torch.ones(3, device=rig.device))
     except Exception as exc:  # any failure of the probe: no inductor on this machine
-        pytest.skip(f"inductor cannot compile on {device}: {str(exc).splitlines()[0][:120]}")
-    model = kit.model(CFG, device, float_dtypes[-1], randomise, 13, True)
-    prompt = kit.tokens(CFG, 2, 5, 3, device)  # (2, 5)
+        pytest.skip(f"inductor cannot compile on {rig.device}: {str(exc).splitlines()[0][:120]}")
+    model = rig.model(CFG, rig.widest, 13, True)
+    prompt = rig.tokens(CFG, 2, 5, 3)  # (2, 5)
     want = generate(model, prompt, 10, temperature=0)
     got, counted = _counted(lambda: generate(model, prompt, 10, temperature=0, compile_step=True))
     assert torch.equal(got, want)
@@ -132,10 +125,8 @@ def test_true_compiles_with_inductor(
 
 @pytest.mark.invariant("kv_cache.rejects_bad_input")
 @pytest.mark.parametrize("value", [1, 0, None, 1.0, "", "no-such-backend", b"inductor"])
-def test_compile_step_must_be_a_bool_or_a_backend(
-    device: torch.device, randomise: kit.Randomise, value: object
-) -> None:
-    model = kit.model(CFG, device, torch.float32, randomise, 1)
-    prompt = kit.tokens(CFG, 1, 2, 0, device)  # (1, 2)
+def test_compile_step_must_be_a_bool_or_a_backend(rig: kit.Rig, value: object) -> None:
+    model = rig.model(CFG, torch.float32, 1)
+    prompt = rig.tokens(CFG, 1, 2, 0)  # (1, 2)
     with pytest.raises(InputError, match=f"compile_step must be .*got {re.escape(repr(value))}"):
         generate(model, prompt, 3, compile_step=value)  # type: ignore[arg-type]

@@ -28,17 +28,17 @@ from niels_gpt.model.kv_cache import (
     use_kv_cache,
 )
 
+rig = kit.rig  # the bundled fixtures (speckit.acceptance.Rig), found by pytest here
+
 # --- the output and the model afterwards -----------------------------------------
 
 
 @pytest.mark.invariant("kv_cache.output_contract")
-def test_output_is_the_prompt_then_the_new_ids(
-    device: torch.device, float_dtypes: tuple[torch.dtype, ...], randomise: kit.Randomise
-) -> None:
+def test_output_is_the_prompt_then_the_new_ids(rig: kit.Rig) -> None:
     cfg = ModelConfig(V=13, T=10, C=8, L=2, H=2, d_ff=8, dropout=0.0)
-    for dtype in float_dtypes:
-        model = kit.model(cfg, device, dtype, randomise, 2)
-        prompt = kit.tokens(cfg, 3, 4, 7, device)  # (3, 4)
+    for dtype in rig.float_dtypes:
+        model = rig.model(cfg, dtype, 2)
+        prompt = rig.tokens(cfg, 3, 4, 7)  # (3, 4)
         for temperature in (0.0, 1.0):
             out = generate(model, prompt, 6, temperature=temperature)
             assert isinstance(out, torch.Tensor)
@@ -58,81 +58,45 @@ def test_output_is_the_prompt_then_the_new_ids(
         assert isinstance(full, torch.Tensor) and full.shape == (3, cfg.T)
 
 
-def _state(model: GPT) -> tuple[list[type], list[Any], list[bool], dict[str, torch.Tensor]]:
-    attn = [m for m in model.modules() if isinstance(m, CausalSelfAttention)]
-    return (
-        [type(m) for m in attn],
-        [getattr(m, "kv_cache", None) for m in attn],
-        [m.training for m in model.modules()],
-        {k: v.clone() for k, v in model.state_dict().items()},
-    )
-
-
-def _assert_same_state(model: GPT, before: tuple[Any, ...]) -> None:
-    classes, caches, flags, weights = _state(model)
-    assert classes == before[0]
-    assert all(a is b for a, b in zip(caches, before[1], strict=True))
-    assert flags == before[2]
-    for k, v in weights.items():
-        assert torch.equal(v, before[3][k]), k
-
-
 @pytest.mark.invariant("kv_cache.generate_leaves_model")
 @pytest.mark.parametrize("fast", [False, True])
 @pytest.mark.parametrize("training", [False, True])
-def test_generate_hands_the_model_back_as_it_was(
-    device: torch.device, randomise: kit.Randomise, fast: bool, training: bool
-) -> None:
+def test_generate_hands_the_model_back_as_it_was(rig: kit.Rig, fast: bool, training: bool) -> None:
     cfg = ModelConfig(V=21, T=12, C=16, L=2, H=2, d_ff=12, dropout=0.1)
-    model = kit.model(cfg, device, torch.float32, randomise, 6, fast).train(training)
-    before = _state(model)
-    generate(model, kit.tokens(cfg, 2, 3, 1, device), 5, top_p=0.9, trace_layer=1)
-    _assert_same_state(model, before)
+    model = rig.model(cfg, torch.float32, 6, fast).train(training)
+    before = kit.state(model)
+    generate(model, rig.tokens(cfg, 2, 3, 1), 5, top_p=0.9, trace_layer=1)
+    kit.assert_same_state(model, before)
 
 
 @pytest.mark.invariant("kv_cache.generate_leaves_model")
-def test_generate_keeps_the_callers_own_caches(
-    device: torch.device, randomise: kit.Randomise
-) -> None:
+def test_generate_keeps_the_callers_own_caches(rig: kit.Rig) -> None:
     cfg = ModelConfig(V=21, T=12, C=16, L=2, H=2, d_ff=12, dropout=0.0)
-    model = kit.model(cfg, device, torch.float32, randomise, 6, fast=True)
-    x = kit.tokens(cfg, 1, 4, 1, device)  # (1, 4)
+    model = rig.model(cfg, torch.float32, 6, fast=True)
+    x = rig.tokens(cfg, 1, 4, 1)  # (1, 4)
     caches = use_kv_cache(model, 1)
     with torch.no_grad():
         model(x)
     kept = [(c.keys.clone(), c.values.clone()) for c in caches]
-    before = _state(model)
-    got = generate(model, kit.tokens(cfg, 3, 2, 2, device), 6, temperature=0)
-    _assert_same_state(model, before)
+    before = kit.state(model)
+    got = generate(model, rig.tokens(cfg, 3, 2, 2), 6, temperature=0)
+    kit.assert_same_state(model, before)
     assert [len(c) for c in caches] == [4, 4]
     for c, (k, v) in zip(caches, kept, strict=True):
         assert torch.equal(c.keys, k) and torch.equal(c.values, v)
     drop_kv_cache(model)  # the fast path's kernel stays
     assert all(b.attn.kernel is sdpa_kernel for b in model.blocks)
-    assert torch.equal(got, generate(model, kit.tokens(cfg, 3, 2, 2, device), 6, temperature=0))
+    assert torch.equal(got, generate(model, rig.tokens(cfg, 3, 2, 2), 6, temperature=0))
 
 
 @pytest.mark.invariant("kv_cache.generate_leaves_model")
-def test_generate_restores_the_model_when_a_step_fails(
-    device: torch.device, randomise: kit.Randomise
-) -> None:
+def test_generate_restores_the_model_when_a_step_fails(rig: kit.Rig) -> None:
     cfg = ModelConfig(V=21, T=12, C=16, L=2, H=2, d_ff=12, dropout=0.0)
-    model = kit.model(cfg, device, torch.float32, randomise, 6)
-    before = _state(model)
-    calls = []
-
-    def fail_on_third(module: torch.nn.Module, args: tuple[Any, ...]) -> None:
-        calls.append(type(module))
-        if len(calls) == 3:
-            raise RuntimeError("injected failure")
-
-    handle = model.blocks[1].register_forward_pre_hook(fail_on_third)
-    try:
-        with pytest.raises(RuntimeError, match="injected failure"):
-            generate(model, kit.tokens(cfg, 2, 3, 1, device), 6)
-    finally:
-        handle.remove()
-    _assert_same_state(model, before)
+    model = rig.model(cfg, torch.float32, 6)
+    before = kit.state(model)
+    with kit.failing_call(model.blocks[1], 3), pytest.raises(RuntimeError, match="injected"):
+        generate(model, rig.tokens(cfg, 2, 3, 1), 6)
+    kit.assert_same_state(model, before)
     assert all(type(b.attn) is CausalSelfAttention for b in model.blocks)
     assert not isinstance(model.blocks[0].attn, KVCacheAttention)
 
@@ -181,36 +145,25 @@ def _bad_calls(device: torch.device) -> dict[str, tuple[Any, tuple[Any, ...], di
 
 @pytest.mark.invariant("kv_cache.rejects_bad_input")
 @pytest.mark.parametrize("case", sorted(_bad_calls(torch.device("cpu"))))
-def test_generate_rejects_bad_input_before_any_work(
-    device: torch.device, randomise: kit.Randomise, case: str
-) -> None:
-    calls = _bad_calls(device)
-    model = kit.model(BAD_CFG, device, torch.float32, randomise, 0)
+def test_generate_rejects_bad_input_before_any_work(rig: kit.Rig, case: str) -> None:
+    calls = _bad_calls(rig.device)
+    model = rig.model(BAD_CFG, torch.float32, 0)
     prompt, args, kwargs = calls[case]
-    forwards: list[str] = []
-    handles = [
-        module.register_forward_pre_hook(lambda m, a: forwards.append(type(m).__name__))
-        for module in (model, model.blocks[0], model.blocks[0].attn)
-    ]
-    try:
-        with pytest.raises(InputError):
-            generate(model, prompt, *args, **kwargs)
-    finally:
-        for handle in handles:
-            handle.remove()
-    assert forwards == []  # not even GPT.forward's own checks ran
+    kit.assert_refused_unrun(  # not even GPT.forward's own checks ran
+        lambda: generate(model, prompt, *args, **kwargs),
+        (model, model.blocks[0], model.blocks[0].attn),
+        InputError,
+    )
     assert all(type(b.attn) is CausalSelfAttention for b in model.blocks)
 
 
 @pytest.mark.invariant("kv_cache.rejects_bad_input")
 @pytest.mark.parametrize("t", [3, BAD_CFG.T])
-def test_a_too_long_generation_is_named_as_prompt_plus_new_tokens(
-    device: torch.device, randomise: kit.Randomise, t: int
-) -> None:
+def test_a_too_long_generation_is_named_as_prompt_plus_new_tokens(rig: kit.Rig, t: int) -> None:
     """2.1: generate's own check names what is too long (t + max_new_tokens against cfg.T)."""
-    model = kit.model(BAD_CFG, device, torch.float32, randomise, 0)
+    model = rig.model(BAD_CFG, torch.float32, 0)
     with pytest.raises(InputError, match=r"t \+ max_new_tokens must be <= cfg\.T = 8"):
-        generate(model, kit.tokens(BAD_CFG, 2, t, 0, device), BAD_CFG.T - t + 1)
+        generate(model, rig.tokens(BAD_CFG, 2, t, 0), BAD_CFG.T - t + 1)
 
 
 @pytest.mark.invariant("kv_cache.rejects_bad_input")
@@ -224,81 +177,71 @@ def test_generate_rejects_a_model_that_is_not_a_gpt(device: torch.device) -> Non
 
 
 @pytest.mark.invariant("kv_cache.rejects_bad_input")
-def test_the_generator_must_live_on_the_models_device(
-    device: torch.device, randomise: kit.Randomise
-) -> None:
-    model = kit.model(BAD_CFG, device, torch.float32, randomise, 0)
-    prompt = kit.tokens(BAD_CFG, 2, 3, 0, device)  # (2, 3)
-    own = generate(model, prompt, 2, generator=kit.generator(device, 0))  # accepted
+def test_the_generator_must_live_on_the_models_device(rig: kit.Rig) -> None:
+    model = rig.model(BAD_CFG, torch.float32, 0)
+    prompt = rig.tokens(BAD_CFG, 2, 3, 0)  # (2, 3)
+    own = generate(model, prompt, 2, generator=rig.generator(0))  # accepted
     assert isinstance(own, torch.Tensor) and own.shape == (2, 5)
-    if device.type != "cpu":  # a CPU generator for a model elsewhere
+    if rig.device.type != "cpu":  # a CPU generator for a model elsewhere
         with pytest.raises(InputError):
             generate(model, prompt, 2, generator=torch.Generator())
     with pytest.raises(InputError):
-        generate(model, prompt, 2, generator=torch.Generator(device=device).get_state())  # type: ignore[arg-type]
+        generate(model, prompt, 2, generator=torch.Generator(device=rig.device).get_state())  # type: ignore[arg-type]
 
 
 # --- 4.0: per-row generators, inference mode -------------------------------------------
 
 
 @pytest.mark.invariant("kv_cache.per_row_generators")
-def test_a_generator_list_draws_each_row_from_its_own(
-    device: torch.device, float_dtypes: tuple[torch.dtype, ...], randomise: kit.Randomise
-) -> None:
+def test_a_generator_list_draws_each_row_from_its_own(rig: kit.Rig) -> None:
     """Row b of a batch with generator[b] is row b generated alone with that generator."""
     cfg = ModelConfig(V=30, T=12, C=16, L=2, H=2, d_ff=12, dropout=0.0)
-    model = kit.model(cfg, device, float_dtypes[-1], randomise, 4)
-    prompt = kit.tokens(cfg, 3, 4, 2, device)  # (3, 4)
+    model = rig.model(cfg, rig.widest, 4)
+    prompt = rig.tokens(cfg, 3, 4, 2)  # (3, 4)
     knobs: dict[str, Any] = {"temperature": 0.9, "top_k": 12, "top_p": 0.95}
     seeds = (5, 6, 7)
-    got = generate(model, prompt, 7, **knobs, generator=[kit.generator(device, s) for s in seeds])
+    got = generate(model, prompt, 7, **knobs, generator=[rig.generator(s) for s in seeds])
     assert isinstance(got, torch.Tensor) and got.shape == (3, 11)
     for b, seed in enumerate(seeds):
-        alone = generate(
-            model, prompt[b : b + 1], 7, **knobs, generator=kit.generator(device, seed)
-        )
+        alone = generate(model, prompt[b : b + 1], 7, **knobs, generator=rig.generator(seed))
         assert torch.equal(got[b : b + 1], alone)
-    gens = tuple(kit.generator(device, s) for s in seeds)
+    gens = tuple(rig.generator(s) for s in seeds)
     assert torch.equal(generate(model, prompt, 7, **knobs, generator=gens), got)  # a tuple too
-    if device.type == "cpu":  # one generator shared by every row: drawn row 0 first
-        shared = kit.generator(device, 9)
+    if rig.device.type == "cpu":  # one generator shared by every row: drawn row 0 first
+        shared = rig.generator(9)
         rows = generate(model, prompt, 7, generator=[shared] * 3)
-        assert torch.equal(rows, generate(model, prompt, 7, generator=kit.generator(device, 9)))
+        assert torch.equal(rows, generate(model, prompt, 7, generator=rig.generator(9)))
 
 
 @pytest.mark.invariant("kv_cache.per_row_generators")
 @pytest.mark.invariant("kv_cache.rejects_bad_input")
-def test_a_bad_generator_list_is_refused_before_any_forward(
-    device: torch.device, randomise: kit.Randomise
-) -> None:
+def test_a_bad_generator_list_is_refused_before_any_forward(rig: kit.Rig) -> None:
     cfg = ModelConfig(V=20, T=10, C=8, L=1, H=2, d_ff=8, dropout=0.0)
-    model = kit.model(cfg, device, torch.float32, randomise, 1)
-    prompt = kit.tokens(cfg, 2, 3, 1, device)  # (2, 3)
+    model = rig.model(cfg, torch.float32, 1)
+    prompt = rig.tokens(cfg, 2, 3, 1)  # (2, 3)
     calls: list[int] = []
     model.register_forward_pre_hook(lambda *_: calls.append(1))
     for bad in (
-        [kit.generator(device, 1)],
-        [kit.generator(device, 1)] * 3,
-        [kit.generator(device, 1), 3],
+        [rig.generator(1)],
+        [rig.generator(1)] * 3,
+        [rig.generator(1), 3],
     ):
         with pytest.raises(InputError, match="generator"):
             generate(model, prompt, 2, generator=bad)  # type: ignore[arg-type]
         with pytest.raises(InputError, match="generator"):
-            check_generator(bad, 2, device)
+            check_generator(bad, 2, rig.device)
     assert calls == []
-    one = kit.generator(device, 1)
-    for good in (None, one, [one, kit.generator(device, 2)], (one, one)):
-        assert check_generator(good, 2, device) is None
+    one = rig.generator(1)
+    for good in (None, one, [one, rig.generator(2)], (one, one)):
+        assert check_generator(good, 2, rig.device) is None
 
 
 @pytest.mark.invariant("kv_cache.inference_mode")
 @pytest.mark.invariant("kv_cache.output_contract")
-def test_generate_decodes_in_inference_mode_and_returns_ordinary_tensors(
-    device: torch.device, randomise: kit.Randomise
-) -> None:
+def test_generate_decodes_in_inference_mode_and_returns_ordinary_tensors(rig: kit.Rig) -> None:
     cfg = ModelConfig(V=20, T=10, C=8, L=2, H=2, d_ff=8, dropout=0.0)
-    model = kit.model(cfg, device, torch.float32, randomise, 3)
-    prompt = kit.tokens(cfg, 2, 3, 1, device)  # (2, 3)
+    model = rig.model(cfg, torch.float32, 3)
+    prompt = rig.tokens(cfg, 2, 3, 1)  # (2, 3)
     modes: list[bool] = []
     hook = model.blocks[0].register_forward_pre_hook(  # the traced steps call no GPT hook
         lambda *_: modes.append(torch.is_inference_mode_enabled())
@@ -314,15 +257,13 @@ def test_generate_decodes_in_inference_mode_and_returns_ordinary_tensors(
 
 
 @pytest.mark.invariant("kv_cache.rejects_bad_input")
-def test_check_knobs_is_the_knob_check_generate_runs(
-    device: torch.device, randomise: kit.Randomise
-) -> None:
+def test_check_knobs_is_the_knob_check_generate_runs(rig: kit.Rig) -> None:
     """4.2: the public knob check refuses what generate refuses, with the same message."""
     from niels_gpt.model.kv_cache import check_knobs  # 4.2's export: the rest collect without it
 
     cfg = ModelConfig(V=20, T=10, C=8, L=1, H=2, d_ff=8, dropout=0.0)
-    model = kit.model(cfg, device, torch.float32, randomise, 1)
-    prompt = kit.tokens(cfg, 2, 3, 1, device)  # (2, 3)
+    model = rig.model(cfg, torch.float32, 1)
+    prompt = rig.tokens(cfg, 2, 3, 1)  # (2, 3)
     bad: list[tuple[Any, Any, Any]] = [
         (-0.5, None, None),
         (math.inf, None, None),

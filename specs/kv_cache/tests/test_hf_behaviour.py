@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import cast
 
+import kv_cache_kit as kit
 import pytest
 import torch
 from hypothesis import given, settings
@@ -82,14 +83,7 @@ def test_the_draw_is_from_float32_probabilities(
 ) -> None:
     """Spy on the draw: a bfloat16 model's probabilities reach multinomial in float32."""
     model = _model(device, randomise, torch.bfloat16, 4)
-    seen: list[torch.dtype] = []
-    real = torch.multinomial
-
-    def spy(probs: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
-        seen.append(probs.dtype)
-        return real(probs, *args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(torch, "multinomial", spy)
+    seen = kit.watch_draw_dtypes(monkeypatch)
     generate(model, _prompt(2, 3, 2, device), 4, temperature=0.01, top_k=5)
     assert seen and set(seen) == {torch.float32}
 
