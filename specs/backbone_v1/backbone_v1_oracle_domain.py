@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from speckit import model_sweeps as sweeps
+from speckit.sweeps import TRAINING_CALLS
 
 from niels_gpt.config import ModelConfig
 from niels_gpt.model.blocks import MLP, Block, RMSNorm
@@ -40,7 +41,6 @@ from niels_gpt.model.gpt import GPT
 if TYPE_CHECKING:
     from niels_gpt_contracts.driverkit import Oracle
 
-TRAINING_CALLS = sweeps.kit.TRAINING_CALLS  # type: ignore[attr-defined]  # kit: model_sweeps's alias of speckit.sweeps
 SMALL = ModelConfig(V=11, T=24, C=16, L=2, H=2, d_ff=24, dropout=0.0)
 STAGES = sweeps.depth(SMALL)
 
