@@ -186,7 +186,7 @@ def _modes(o: Oracle) -> None:
     own = ("train", "train-generate", "enable_grad", "enable_grad-generate")
     if not any(o.wants(f"domain/modes/{mode}") for mode in own):
         return
-    gpt = sweeps.model(o, TABLE, TABLE.modes_config, "modes-w").train()  # type: ignore[arg-type]
+    gpt = sweeps.model(o, TABLE, TABLE.modes_config or TABLE.small, "modes-w").train()
     ids = o.randint(SMALL.V, 2, 20, tag="modes-ids")  # (2, 20)
     with torch.no_grad():
         o.call(
