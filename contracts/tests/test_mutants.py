@@ -371,3 +371,30 @@ def test_a_mutant_marked_for_retargeting_fails_the_gate_unrun(tiny: Path) -> Non
     assert out["summary"] == "killed 0/1 (1 pending)" and out["clean"] == []
     [violation] = out["violations"]
     assert violation["rule"] == "mutant.pending" and "re-target it" in violation["message"]
+
+
+def check_tree(root: Path) -> tuple[int, dict[str, Any]]:
+    """``contracts check`` of ``root``'s working tree, its JSON report."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+        code = main(["check", "--repo", str(root), "--no-api", "--format", "json"])
+    return code, valid_report(out.getvalue())
+
+
+def test_a_tree_check_refuses_a_mutant_its_code_left_behind_and_counts_a_marked_one(
+    tiny: Path,
+) -> None:
+    code, out = check_tree(tiny)
+    [row] = [o for o in out["outcomes"] if o["check"] == "mutants"]
+    assert code == 1 and row["status"] == "BROKEN", row
+    # "gone": its find text "a * b" is nowhere in the module
+    [stale] = [v for v in out["violations"] if v["check"] == "mutants"]
+    assert stale["rule"] == "mutant.stale" and "mutant gone tests nothing" in stale["message"]
+    assert stale["path"] == "specs/tiny.toml" and stale["line"] is not None
+    spec = tiny / "specs/tiny.toml"
+    marked = mutant("gone", "a * b", "a / b", retarget=True)
+    spec.write_text(spec.read_text().replace(mutant("gone", "a * b", "a / b"), marked))
+    code, out = check_tree(tiny)
+    [row] = [o for o in out["outcomes"] if o["check"] == "mutants"]
+    assert row["status"] == "KEPT", row
+    assert row["summary"] == "4 mutant(s) find their text in the code; 1 marked for re-targeting"

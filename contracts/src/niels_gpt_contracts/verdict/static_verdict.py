@@ -26,6 +26,7 @@ from niels_gpt_contracts.checks.ownership import autoload, modules, paths
 from niels_gpt_contracts.checks.public_api import api
 from niels_gpt_contracts.errors import ConfigError
 from niels_gpt_contracts.gitdiff import GitRepo, Tree, WorkingTree
+from niels_gpt_contracts.mutants import targets
 from niels_gpt_contracts.result import BROKEN, KEPT, NOT_RUN, Outcome, Result, SpecRule, Violation
 from niels_gpt_contracts.stagespec import SPECS_DIR, Spec
 from niels_gpt_contracts.verdict import amendment
@@ -152,6 +153,9 @@ def run_tree(request: Request) -> Result:
             continue
         names_in = (sys.executable, None) if request.api else None
         stage_checks(result, spec, specs, tree, claims, api_found, None, names_in)
+        if spec.mutants:  # each catalogued bug still finds the code it patches
+            found = targets.stale_targets(spec, tree)
+            result.outcomes.append(_outcome(spec.id, targets.CHECK, found.stale, found.summary()))
         _device_rows(result, spec, reports, request.require_devices, current, absent)
     for device in absent:
         why = f"no report for {device}: its tests have not run here (nox -s test-{device})"
