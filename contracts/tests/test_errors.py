@@ -69,10 +69,13 @@ def test_spec_with_mutants_validates(repo: Repo) -> None:
         "specs/alpha.toml",
         repo.read("specs/alpha.toml")
         + '\n[[mutants]]\nid = "off-by-one"\ntext = "rotate by turns+1"\n'
-        + 'file = "packages/alpha/src/ngx/alpha_mod.py"\nfind = "turns"\nreplace = "turns + 1"\n',
+        + 'file = "packages/alpha/src/ngx/alpha_mod.py"\n'
+        + 'find = "n = turns % len(x)"\nreplace = "n = (turns + 1) % len(x)"\n',
     )
     code, out = repo.gate_json("--no-api")
     assert code == 0, out
+    [row] = [o for o in out["outcomes"] if o["check"] == "mutants"]
+    assert row["summary"] == "1 mutant(s) find their text in the code", row
 
 
 def test_mutant_without_a_patch_is_malformed(repo: Repo) -> None:

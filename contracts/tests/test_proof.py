@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from niels_gpt_contracts.mutants.proof import normal_form, reads_itself
+from niels_gpt_contracts.mutants.proof import ProofKeys, normal_form, reads_itself
 
 CODE = '''\
 """A module."""
@@ -60,3 +60,23 @@ def test_readers_of_source_are_found_in_code_not_in_prose() -> None:
         "def f(:\n",
     ):
         assert reads_itself([CODE, code]), code
+
+
+def test_a_reader_in_tests_a_mutant_never_runs_leaves_its_key_in_normal_form() -> None:
+    """A docstring edit keeps a mutant's proof unless the code or the tests its runs can
+    import read text: a later stage's test that loads a file by ``__file__`` does not."""
+    reader = "from pathlib import Path\nHERE = Path(__file__)\n"
+    tests = {"a/tests/test_a.py": "def test_a():\n    pass\n", "b/tests/test_b.py": reader}
+
+    def key(code_text: str, ran: str) -> str:
+        keys = ProofKeys({"a/src/m.py": code_text}, tests, ["conftest"], "env")
+        return keys.key("a.m", "a/src/m.py", code_text.replace("r**2", "r**3"), [ran])
+
+    documented = CODE.replace("A module.", "A module, documented again.")
+    assert documented != CODE
+    assert key(documented, "a/tests/test_a.py") == key(CODE, "a/tests/test_a.py")
+    assert key(documented, "b/tests/test_b.py") != key(CODE, "b/tests/test_b.py")
+    reading_code = CODE + "\nimport inspect\n"
+    assert key(reading_code.replace("A module.", "B."), "a/tests/test_a.py") != key(
+        reading_code, "a/tests/test_a.py"
+    )

@@ -46,7 +46,7 @@ from niels_gpt_contracts.digests import Digest
 from niels_gpt_contracts.errors import ConfigError
 from niels_gpt_contracts.sandbox.environment import Snapshot
 
-KEY_VERSION = "proof-2"
+KEY_VERSION = "proof-3"  # 3: exactness decided per key, over the tests it runs
 # Names through which a program can see its own text, docstrings or positions.
 READERS = frozenset(
     {
@@ -120,6 +120,11 @@ def normal_form(text: str) -> str:
     return f"coding:{cookie}\n" + ast.dump(tree, include_attributes=False)
 
 
+def _form(exact: bool, text: str) -> str:
+    """``text`` as a key takes it: exactly, or in normal form."""
+    return "exact:" + text if exact else normal_form(text)
+
+
 def _sha(parts: Iterable[str]) -> str:
     return Digest(*parts).hexdigest()
 
@@ -152,7 +157,13 @@ def environment(site_paths: Sequence[str]) -> str:
 
 
 class ProofKeys:
-    """Keys of the mutants of one run: code, tests, configuration and environment fixed."""
+    """Keys of the mutants of one run: code, tests, configuration and environment fixed.
+
+    Whether texts are taken exactly is decided per key, over the stage code and
+    the test files that key's runs can import: a reader in a test that never
+    runs for a mutant (a later stage's tests, in a PR's closure) cannot see
+    that mutant's code, so it does not make that mutant's key exact.
+    """
 
     def __init__(
         self,
@@ -161,17 +172,19 @@ class ProofKeys:
         config: Sequence[str],
         environment_id: str,
     ) -> None:
-        self.exact = reads_itself([*code.values(), *tests.values()])
-        self.form = (lambda text: "exact:" + text) if self.exact else normal_form
-        self.fixed = _sha(
-            [
-                KEY_VERSION,
-                environment_id,
-                *config,
-                *(f"{p}\n{self.form(t)}" for p, t in sorted(code.items())),
-            ]
-        )
+        self.code_reads = reads_itself(code.values())
         self.tests = dict(tests)
+        head = [KEY_VERSION, environment_id, *config]
+        self.fixed = {
+            exact: _sha([*head, *(f"{p}\n{_form(exact, t)}" for p, t in sorted(code.items()))])
+            for exact in (False, True)
+        }
+        self._reads: dict[str, bool] = {}
+
+    def _reader(self, test: str) -> bool:
+        if test not in self._reads:
+            self._reads[test] = reads_itself([self.tests[test]])
+        return self._reads[test]
 
     def key(self, name: str, file: str, mutated: str, tests: Sequence[str]) -> str:
         """The key of mutant ``name``: ``mutated`` is the patched text of ``file``;
@@ -181,5 +194,6 @@ class ProofKeys:
             raise ConfigError(f"proof key of {name}: expected the text of {missing[0]}, found none")
         folders = {t.rsplit("/", 1)[0] for t in tests}
         ran = sorted({*tests, *(t for t in self.tests if t.rsplit("/", 1)[0] in folders)})
+        exact = self.code_reads or any(self._reader(t) for t in ran)
         parts = [f"{t}\n{self.tests[t]}" for t in ran]
-        return _sha([self.fixed, name, file, self.form(mutated), *parts])
+        return _sha([self.fixed[exact], name, file, _form(exact, mutated), *parts])
