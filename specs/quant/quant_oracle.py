@@ -40,11 +40,14 @@ GPT-2 small's 2304 x 768 and 3072 x 768 float32 weights and of two drawn wide
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import torch
 from speckit import sizes
+from speckit.module_calls import Sized
 from torch import nn
 
 from niels_gpt.config import ModelConfig
@@ -90,23 +93,40 @@ def _excess(
 
 def _weights(o: Oracle) -> None:
     """``quantize_weight`` over magnitudes and dtypes; a zero row and a spiked row."""
+    weights = Sized(o, stages=1, reduction=1)  # one rounding, no sum
     for dtype, short in DTYPES:
         for mag in MAGNITUDES:
             w = (mag * o.randn(48, 40, tag=f"w-{short}-{mag}")).to(dtype)  # (48, 40)
             w[3] = 0.0  # a zero row: scale 1, codes 0
             w[7, 5] = 50.0 * mag  # one large entry: the rest of row 7 rounds to few codes
-            o.call(
-                f"weight/{short}/{mag:g}",
-                partial(quantize_weight, w),
-                desc=f"(48, 40) {short} weight of scale {mag:g}",
-                stages=1,
-                reduction=1,
-                axes=("magnitude", "dtype"),
-            )
+            name, desc = f"weight/{short}/{mag:g}", f"(48, 40) {short} weight of scale {mag:g}"
+            weights.call(name, partial(quantize_weight, w), desc=desc, axes=("magnitude", "dtype"))
+
+
+def _bounded(
+    o: Oracle,
+    name: str,
+    layers: tuple[Int8Linear, nn.Linear],
+    x: torch.Tensor,
+    eps: float,
+    context: Callable[[], AbstractContextManager[Any]] = torch.no_grad,
+) -> tuple[Callable[[], dict[str, Any]], list[dict[str, Any]]]:
+    """The call ``name`` of ``layer(x)`` inside ``context()``, and its relation: what it
+    returns beside ``y`` is ``excess``, how far ``y`` goes past the scales' bound of the
+    float layer's exact output (``_excess``), which the relation says is zero.
+    ``layers``: ``(layer, the float layer it quantizes)``."""
+    layer, linear = layers
+
+    def run() -> dict[str, Any]:
+        with context():
+            y = layer(x)  # (..., O)
+        return {"y": y, "excess": _excess(layer, linear, x, y, eps)}
+
+    return run, [o.zero((name, "excess", ()), says="the scales' error bound")]
 
 
 def _layer(o: Oracle) -> None:
-    """One layer against the float layer's exact output, over dtypes, magnitudes and modes."""
+    """One layer against the float layer's exact output, over dtypes, magnitudes and widths."""
     for (dtype, short), width, bias in itertools.product(DTYPES[:2], (40, 64), (True, False)):
         eps = _slack(dtype, width) / (width + 4)
         computes = torch.bfloat16 if dtype == torch.float32 else None  # 3.0, on a CPU
@@ -114,61 +134,33 @@ def _layer(o: Oracle) -> None:
         at = "" if width == 40 else f"/I={width}"  # the fused kernel takes 64, not 40
         o.load_weights(linear, f"lin-{short}-{bias}{at}")
         layer = quantize_linear(linear).eval()
+        calls = Sized(o, stages=3, reduction=width, computes_in=computes)
         for mag in MAGNITUDES:
             x = (mag * o.randn(3, 5, width, tag=f"x-{short}-{mag}{at}")).to(dtype)  # (3, 5, I)
             name = f"layer/{short}/bias={bias}/{mag:g}{at}"
+            run, bound = _bounded(o, name, (layer, linear), x, eps)
+            desc = f"Int8Linear({width}, 24, bias={bias}) {short}, x of scale {mag:g}"
+            calls.call(name, run, desc=desc, relations=bound, axes=("magnitude", "dtype"))
 
-            def run(
-                x: torch.Tensor = x,
-                layer: Int8Linear = layer,
-                linear: nn.Linear = linear,
-                eps: float = eps,
-            ) -> dict[str, Any]:
-                with torch.no_grad():
-                    y = layer(x)  # (3, 5, 24)
-                return {"y": y, "excess": _excess(layer, linear, x, y, eps)}
 
-            o.call(
-                name,
-                run,
-                desc=f"Int8Linear({width}, 24, bias={bias}) {short}, x of scale {mag:g}",
-                stages=3,
-                reduction=width,
-                relations=[o.zero((name, "excess", ()), says="the scales' error bound")],
-                computes_in=computes,
-                axes=("magnitude", "dtype"),
-            )
-    linear = nn.Linear(64, 24)  # 3.0: a width the fused kernel takes
+def _layer_modes(o: Oracle) -> None:
+    """One float32 layer 64 wide (3.0: a width the fused kernel takes): a strided input,
+    autocast, a backward and ``inference_mode``, each computing in bfloat16 on a CPU."""
+    linear = nn.Linear(64, 24)
     o.load_weights(linear, "lin-modes")
     layer = quantize_linear(linear)
+    calls = Sized(o, stages=3, reduction=64, computes_in=torch.bfloat16)
     wide = o.randn(3, 5, 128, tag="x-wide", dtype=torch.float32)  # (3, 5, 128)
     strided = wide[:, :, ::2]  # (3, 5, 64), stride 2 in the last dim
-    o.call(
-        "layer/strided",
-        partial(layer, strided),
-        desc="x[..., ::2] strided",
-        stages=3,
-        reduction=64,
-        computes_in=torch.bfloat16,
-        axes=("layout",),
+    calls.call(
+        "layer/strided", partial(layer, strided), desc="x[..., ::2] strided", axes=("layout",)
     )
     x = wide[:, :, :64].contiguous()  # (3, 5, 64)
-
-    def autocast() -> dict[str, Any]:
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            y = layer.eval()(x)  # (3, 5, 24) bfloat16
-        return {"y": y, "excess": _excess(layer, linear, x, y, torch.finfo(torch.bfloat16).eps)}
-
-    o.call(
-        "layer/autocast",
-        autocast,
-        desc="float32 layer under bf16 autocast",
-        stages=3,
-        reduction=64,
-        computes_in=torch.bfloat16,
-        axes=("dtype",),
-        relations=[o.zero(("layer/autocast", "excess", ()), says="the scales' error bound")],
-    )
+    bf16 = partial(torch.autocast, "cpu", dtype=torch.bfloat16)
+    eps = torch.finfo(torch.bfloat16).eps
+    run, bound = _bounded(o, "layer/autocast", (layer.eval(), linear), x, eps, bf16)
+    desc = "float32 layer under bf16 autocast"
+    calls.call("layer/autocast", run, desc=desc, relations=bound, axes=("dtype",))
 
     def backward() -> torch.Tensor:
         xg = x.clone().requires_grad_(True)  # (3, 5, 64)
@@ -176,65 +168,41 @@ def _layer(o: Oracle) -> None:
             (layer.train()(xg) * torch.linspace(-1.0, 1.0, 24)).sum().backward()
         return xg.grad if xg.grad is not None else torch.zeros(0)  # (3, 5, 64)
 
-    o.call(
-        "layer/backward",
-        backward,
-        desc="grad of x, train mode",
-        stages=3,
-        reduction=64,
-        computes_in=torch.bfloat16,  # the gradient of x @ (q s')^T, s' the scales in bfloat16
-        axes=("modes",),
-    )
+    # in bfloat16 too: the gradient of x @ (q s')^T, s' the scales in bfloat16
+    calls.call("layer/backward", backward, desc="grad of x, train mode", axes=("modes",))
     with torch.inference_mode():
-        o.call(
-            "layer/inference",
-            partial(layer.eval(), x),
-            desc="inference_mode",
-            stages=3,
-            reduction=64,
-            computes_in=torch.bfloat16,
-            axes=("modes",),
+        calls.call(
+            "layer/inference", partial(layer.eval(), x), desc="inference_mode", axes=("modes",)
         )
 
 
 def _sizes(o: Oracle) -> None:
     """``size``: each weight of GPT-2 small's and of the wide draw quantized, and one float32
     layer of it run on ``x`` ``(2, 3, C)``, its output within the scales' error bound."""
+    weights = Sized(o, stages=1, reduction=1)  # one rounding, no sum
     for size in sizes.real_sizes(o, "size"):
         for rows in size.rows:
             shape = f"{rows}x{size.C}"
             name = f"size/layer/{size.name}/{shape}"
             w = o.randn(rows, size.C, tag=f"size-w-{shape}", dtype=torch.float32)  # (O, C)
-            o.call(
-                f"size/weight/{size.name}/{shape}",
-                partial(quantize_weight, w),
-                desc=f"({rows}, {size.C}) f32 weight, {size.name} sizes",
-                stages=1,
-                reduction=1,
-                axes=("size",),
-            )
+            desc = f"({rows}, {size.C}) f32 weight, {size.name} sizes"
+            weight = f"size/weight/{size.name}/{shape}"
+            weights.call(weight, partial(quantize_weight, w), desc=desc, axes=("size",))
             if not o.wants(name):
                 continue
             linear = nn.Linear(size.C, rows)
             o.load_weights(linear, f"size-lin-{shape}")
             layer = quantize_linear(linear).eval()
             x = o.randn(2, 3, size.C, tag=f"size-x-{shape}", dtype=torch.float32)  # (2, 3, C)
-
-            def run(
-                x: torch.Tensor = x, layer: Int8Linear = layer, linear: nn.Linear = linear
-            ) -> dict[str, Any]:
-                with torch.no_grad():
-                    y = layer(x)  # (2, 3, O)
-                eps = _slack(torch.float32, layer.in_features) / (layer.in_features + 4)
-                return {"y": y, "excess": _excess(layer, linear, x, y, eps)}
-
+            eps = _slack(torch.float32, size.C) / (size.C + 4)
+            run, bound = _bounded(o, name, (layer, linear), x, eps)
             o.call(
                 name,
                 run,
                 desc=f"Int8Linear({size.C}, {rows}) f32, x (2, 3, {size.C}), {size.name} sizes",
                 stages=3,
                 reduction=size.C,
-                relations=[o.zero((name, "excess", ()), says="the scales' error bound")],
+                relations=bound,
                 computes_in=torch.bfloat16,  # 3.0: bfloat16 activations on a CPU
                 axes=("size",),
             )
@@ -264,166 +232,98 @@ def _gpt(o: Oracle, cfg: ModelConfig, tag: str, dtype: torch.dtype) -> GPT:
 def _models(o: Oracle) -> None:
     """Quantized GPTs: logits, the stacked stages, a state_dict round trip, repeats."""
     for run, (dtype, short) in enumerate(DTYPES[:2]):
-        cfg = _config(o, f"cfg{run}")
-        gpt = _gpt(o, cfg, f"gpt{run}", dtype)
-        ids = o.randint(cfg.V, 2, cfg.T, tag=f"ids{run}")  # (2, T)
-        about = f"GPT V={cfg.V} T={cfg.T} C={cfg.C} H={cfg.H} L={cfg.L} d_ff={cfg.d_ff} {short}"
-        red = max(cfg.T, cfg.C, cfg.d_ff)
-        name = f"gpt/{short}"
-        # 3.0: a float32 model's int8 layers compute in bfloat16 activations on a CPU
-        computes = torch.bfloat16 if dtype == torch.float32 else None
-        with torch.no_grad():
-            o.call(
-                name,
-                partial(gpt, ids),
-                desc=about,
-                stages=16,
-                reduction=red,
-                computes_in=computes,
-                axes=("config",),
-            )
-            o.call(
-                f"{name}/again",
-                partial(gpt, ids),
-                desc=f"{about}, a second call",
-                stages=16,
-                reduction=red,
-                axes=("history",),
-                relations=[o.equal((name, "out", ()), (f"{name}/again", "out", ()))],
-                computes_in=computes,
-            )
+        _model(o, run, dtype, short)
 
-            def chunks(gpt: GPT = gpt, ids: torch.Tensor = ids, n: int = 3 + run) -> torch.Tensor:
-                use_kv_cache(gpt, 2)
-                parts = [gpt(ids[:, p : p + n]) for p in range(0, ids.shape[1], n)]
-                drop_kv_cache(gpt)
-                return torch.cat(parts, dim=1)  # (2, T, V)
 
-            o.call(
-                f"{name}/cached",
-                chunks,
-                desc=f"{about}, cached chunks",
-                stages=16,
-                reduction=red,
-                axes=("combos",),
-                relations=[o.equal((name, "out", ()), (f"{name}/cached", "out", ()))],
-                computes_in=computes,
-            )
-            fast = _gpt(o, cfg, f"gpt{run}", dtype)
-            use_fast_attention(fast)
-            o.call(
-                f"{name}/fast",
-                partial(fast, ids),
-                desc=f"{about}, fast path",
-                stages=16,
-                reduction=red,
-                computes_in=computes,
-                axes=("combos",),
-            )
-            fresh = _gpt(o, cfg, f"other{run}", dtype)
-            fresh.load_state_dict(gpt.state_dict())
-            o.call(
-                f"{name}/loaded",
-                partial(fresh, ids),
-                desc=f"{about}, state_dict loaded",
-                stages=16,
-                reduction=red,
-                axes=("history",),
-                relations=[o.equal((name, "out", ()), (f"{name}/loaded", "out", ()))],
-                computes_in=computes,
-            )
-            mask = torch.ones(2, cfg.T, dtype=torch.bool)  # (2, T)
-            mask[0, :5] = False
-            o.call(
-                f"{name}/padded",
-                partial(padded_forward, gpt, ids, mask),
-                desc=f"{about}, padded_forward, 5 pads in row 0",
-                stages=16,
-                reduction=red,
-                computes_in=computes,
-                axes=("combos",),
-            )
-        if dtype == torch.float64:
-            o.call(
-                f"{name}/generate",
-                partial(generate, fast, ids[:, :9], 24, temperature=0),
-                desc=f"{about}, fast path, greedy generate of 24",
-                stages=1,
-                reduction=1,
-                axes=("combos",),
-            )
-        else:
+def _model(o: Oracle, run: int, dtype: torch.dtype, short: str) -> None:
+    """One drawn quantized GPT of ``dtype``: its logits, then each stacked stage's, a reload's
+    and a repeat's; the repeat, the cached chunks and the reload equal the first logits."""
+    cfg = _config(o, f"cfg{run}")
+    gpt = _gpt(o, cfg, f"gpt{run}", dtype)
+    ids = o.randint(cfg.V, 2, cfg.T, tag=f"ids{run}")  # (2, T)
+    about = f"GPT V={cfg.V} T={cfg.T} C={cfg.C} H={cfg.H} L={cfg.L} d_ff={cfg.d_ff} {short}"
+    red = max(cfg.T, cfg.C, cfg.d_ff)
+    name = f"gpt/{short}"
+    # 3.0: a float32 model's int8 layers compute in bfloat16 activations on a CPU
+    computes = torch.bfloat16 if dtype == torch.float32 else None
+    model = Sized(o, stages=16, reduction=red, computes_in=computes)
 
-            def autocast(gpt: GPT = gpt, ids: torch.Tensor = ids) -> torch.Tensor:
-                with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
-                    out: torch.Tensor = gpt(ids)  # (2, T, V)
-                return out
+    def same(call: str) -> list[dict[str, Any]]:
+        """The relation: ``call``'s logits equal the first call's."""
+        return [o.equal((name, "out", ()), (call, "out", ()))]
 
-            o.call(
-                f"{name}/autocast",
-                autocast,
-                desc=f"{about}, bf16 autocast",
-                stages=16,
-                reduction=red,
-                computes_in=torch.bfloat16,
-                axes=("dtype", "combos"),
-            )
+    def chunks() -> torch.Tensor:
+        n = 3 + run
+        use_kv_cache(gpt, 2)
+        parts = [gpt(ids[:, p : p + n]) for p in range(0, ids.shape[1], n)]
+        drop_kv_cache(gpt)
+        return torch.cat(parts, dim=1)  # (2, T, V)
+
+    with torch.no_grad():
+        model.call(name, partial(gpt, ids), desc=about, axes=("config",))
+        again, cached, loaded = f"{name}/again", f"{name}/cached", f"{name}/loaded"
+        desc = f"{about}, a second call"
+        model.call(again, partial(gpt, ids), desc=desc, relations=same(again), axes=("history",))
+        desc = f"{about}, cached chunks"
+        model.call(cached, chunks, desc=desc, relations=same(cached), axes=("combos",))
+        fast = _gpt(o, cfg, f"gpt{run}", dtype)
+        use_fast_attention(fast)
+        model.call(f"{name}/fast", partial(fast, ids), desc=f"{about}, fast path", axes=("combos",))
+        fresh = _gpt(o, cfg, f"other{run}", dtype)
+        fresh.load_state_dict(gpt.state_dict())
+        desc = f"{about}, state_dict loaded"
+        model.call(
+            loaded, partial(fresh, ids), desc=desc, relations=same(loaded), axes=("history",)
+        )
+        mask = torch.ones(2, cfg.T, dtype=torch.bool)  # (2, T)
+        mask[0, :5] = False
+        padded = partial(padded_forward, gpt, ids, mask)
+        desc = f"{about}, padded_forward, 5 pads in row 0"
+        model.call(f"{name}/padded", padded, desc=desc, axes=("combos",))
+    if dtype == torch.float64:
+        o.call(
+            f"{name}/generate",
+            partial(generate, fast, ids[:, :9], 24, temperature=0),
+            desc=f"{about}, fast path, greedy generate of 24",
+            stages=1,
+            reduction=1,
+            axes=("combos",),
+        )
+        return
+
+    def autocast() -> torch.Tensor:
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            out: torch.Tensor = gpt(ids)  # (2, T, V)
+        return out
+
+    bf16, desc = torch.bfloat16, f"{about}, bf16 autocast"  # this call's product: bfloat16
+    model.call(f"{name}/autocast", autocast, desc=desc, computes_in=bf16, axes=("dtype", "combos"))
 
 
 def _errors(o: Oracle) -> None:
     """The documented bad inputs: each must raise what the base (or reference) raises."""
-    cfg = ModelConfig(V=11, T=8, C=8, H=2, L=1, d_ff=8)
-    twice = _gpt(o, cfg, "twice", torch.float32)
-    o.call(
-        "bad/already",
-        partial(quantize_int8, twice),
-        desc="a quantized model again",
-        stages=1,
-        reduction=1,
-        axes=("errors",),
-    )
+    twice = _gpt(o, ModelConfig(V=11, T=8, C=8, H=2, L=1, d_ff=8), "twice", torch.float32)
     embedding: Any = nn.Embedding(4, 8)
-    o.call(
-        "bad/embedding",
-        partial(quantize_linear, embedding),
-        desc="nn.Embedding",
-        stages=1,
-        reduction=1,
-        axes=("errors",),
-    )
     layer = quantize_linear(nn.Linear(8, 4))
     x64 = o.randn(2, 8, tag="bad-x")  # (2, 8) float64 into a float32 layer
-    o.call(
-        "bad/dtype",
-        partial(layer, x64),
-        desc="float64 x into a float32 layer",
-        stages=1,
-        reduction=1,
-        axes=("errors",),
-    )
+    narrow = o.randn(2, 7, tag="bad-w", dtype=torch.float32)  # (2, 7)
     ints = torch.ones(4, 8, dtype=torch.int32)
-    o.call(
-        "bad/weight",
-        partial(quantize_weight, ints),
-        desc="an int32 weight",
-        stages=1,
-        reduction=1,
-        axes=("errors",),
-    )
-    o.call(
-        "bad/width",
-        partial(layer, o.randn(2, 7, tag="bad-w", dtype=torch.float32)),
-        desc="x of width 7 into an 8-wide layer",
-        stages=1,
-        reduction=1,
-        axes=("errors",),
-    )
+    cases: dict[str, tuple[Callable[[], Any], str]] = {
+        "already": (partial(quantize_int8, twice), "a quantized model again"),
+        "embedding": (partial(quantize_linear, embedding), "nn.Embedding"),
+        "dtype": (partial(layer, x64), "float64 x into a float32 layer"),
+        "weight": (partial(quantize_weight, ints), "an int32 weight"),
+        "width": (partial(layer, narrow), "x of width 7 into an 8-wide layer"),
+    }
+    for what, (fn, desc) in cases.items():
+        o.call(f"bad/{what}", fn, desc=desc, stages=1, reduction=1, axes=("errors",))
 
 
 def calls(o: Oracle) -> None:
     """Every call of the quant stage's oracle."""
     _weights(o)
     _layer(o)
+    _layer_modes(o)
     _sizes(o)
     _models(o)
     _errors(o)
