@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from niels_gpt_contracts.driverkit import Oracle
 
 DTYPES = (torch.float64, torch.float32, torch.bfloat16, torch.float16)
+ROTATION_RULES = ("no-cast-in-apply-rope-runtime",)  # the rotations' ops are recorded
 
 
 def _tables(o: Oracle) -> None:
@@ -32,13 +33,9 @@ def _tables(o: Oracle) -> None:
         d = 2 * r.randint(1, 128)
         theta = r.choice((10000.0, 500000.0, r.uniform(2.0, 1e6)))
         dtype = r.choice(DTYPES)
-        o.call(
-            f"cache/{i}",
-            partial(rope.rope_cache, t, d, theta=theta, dtype=dtype),
-            desc=f"rope_cache(T={t}, D={d}, theta={theta:.6g}, dtype={dtype})",
-            stages=1,
-            reduction=1,
-        )
+        table = partial(rope.rope_cache, t, d, theta=theta, dtype=dtype)
+        desc = f"rope_cache(T={t}, D={d}, theta={theta:.6g}, dtype={dtype})"
+        o.call(f"cache/{i}", table, desc=desc, stages=1, reduction=1)
 
 
 def _rotations(o: Oracle) -> None:
@@ -56,14 +53,9 @@ def _rotations(o: Oracle) -> None:
         else:
             q = o.randn(b, h, t, d, tag=f"q{i}", dtype=dtype)  # (B, H, T, D)
             k = o.randn(b, h, t, d, tag=f"k{i}", dtype=dtype)  # (B, H, T, D)
-        o.call(
-            f"apply/{i}",
-            partial(rope.apply_rope, q, k, sin, cos),
-            desc=f"apply_rope q,k {tuple(q.shape)} {dtype} strided={strided} Tcache={t + extra}",
-            stages=2,
-            reduction=2,
-            rules=("no-cast-in-apply-rope-runtime",),
-        )
+        desc = f"apply_rope q,k {tuple(q.shape)} {dtype} strided={strided} Tcache={t + extra}"
+        rotation = partial(rope.apply_rope, q, k, sin, cos)
+        o.call(f"apply/{i}", rotation, desc=desc, stages=2, reduction=2, rules=ROTATION_RULES)
 
 
 def _bad(o: Oracle) -> None:

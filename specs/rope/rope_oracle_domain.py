@@ -28,7 +28,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import torch
-from speckit import sizes, sweeps
+from speckit import module_calls, sizes, sweeps
 
 import niels_gpt.model.rope as rope
 
@@ -41,28 +41,25 @@ CALLS = 2100
 F64 = torch.float64
 
 
+def _sized(o: Oracle) -> module_calls.Sized:
+    """``o`` with rope's sizing: a table or a rotation is two rounding stages deep (an angle's
+    product, then its sine; a product, then a sum) and sums no more than two terms."""
+    return module_calls.Sized(o, stages=2, reduction=2)
+
+
 def _magnitude(o: Oracle) -> None:
+    sized = _sized(o)
     sin, cos = rope.rope_cache(40, 16, theta=10000.0, dtype=F64)
     q0 = o.randn(2, 3, 40, 16, tag="mag-q")  # (B, H, T, D)
     k0 = o.randn(2, 3, 40, 16, tag="mag-k")  # (B, H, T, D)
     for s in SCALES:
-        o.call(
-            f"domain/magnitude/s={s:g}",
-            partial(rope.apply_rope, s * q0, s * k0, sin, cos),
-            desc=f"apply_rope q,k (2, 3, 40, 16) f64 x{s:g}",
-            stages=2,
-            reduction=2,
-            axes=("magnitude",),
-        )
+        rotation = partial(rope.apply_rope, s * q0, s * k0, sin, cos)
+        desc = f"apply_rope q,k (2, 3, 40, 16) f64 x{s:g}"
+        sized.call(f"domain/magnitude/s={s:g}", rotation, desc=desc, axes=("magnitude",))
     for theta, t in ((2.0, 64), (1e8, 64), (10000.0, 65536)):
-        o.call(
-            f"domain/magnitude/theta={theta:g}/T={t}",
-            partial(rope.rope_cache, t, 8, theta=theta, dtype=F64),
-            desc=f"rope_cache(T={t}, D=8, theta={theta:g}, float64)",
-            stages=2,
-            reduction=2,
-            axes=("magnitude",),
-        )
+        table = partial(rope.rope_cache, t, 8, theta=theta, dtype=F64)
+        desc = f"rope_cache(T={t}, D=8, theta={theta:g}, float64)"
+        sized.call(f"domain/magnitude/theta={theta:g}/T={t}", table, desc=desc, axes=("magnitude",))
 
 
 def _second(o: Oracle, tag: str, t: int, d: int) -> dict[str, Any]:
@@ -76,9 +73,7 @@ def _second(o: Oracle, tag: str, t: int, d: int) -> dict[str, Any]:
     qr, kr = rope.apply_rope(*wrt)  # (B, H, T, D) each
     g = [o.randn(*y.shape, tag=f"{tag}-g{i}") for i, y in enumerate((qr, kr))]
     first = torch.autograd.grad((qr * g[0]).sum() + (kr * g[1]).sum(), wrt, create_graph=True)
-    v = [o.randn(*w.shape, tag=f"{tag}-v{i}") for i, w in enumerate(wrt)]
-    dot = torch.stack([(a * b).sum() for a, b in zip(first, v, strict=True)]).sum()  # ()
-    second = torch.autograd.grad(dot, wrt, materialize_grads=True)
+    second = sweeps.hessian_vector(o, first, wrt, tag)
     names = ("q", "k", "sin", "cos")
     out: dict[str, Any] = {"q_rot": qr.detach(), "k_rot": kr.detach()}
     out.update({f"grad.{n}": f.detach() for n, f in zip(names, first, strict=True)})
@@ -102,30 +97,21 @@ def _grad2(o: Oracle) -> None:
 def _history(o: Oracle) -> None:
     if not o.wants("domain/history/after-many"):
         return
+    sized = _sized(o)
     sin, cos = rope.rope_cache(8, 8, dtype=F64)
     q = o.randn(1, 2, 8, 8, tag="hist-q").requires_grad_(True)  # (1, 2, 8, 8)
     k = o.randn(1, 2, 8, 8, tag="hist-k")  # (1, 2, 8, 8)
     for _ in range(CALLS):
         qr, kr = rope.apply_rope(q, k, sin, cos)  # (1, 2, 8, 8) each
         torch.autograd.backward(qr.sum() + kr.sum())
-    o.call(
-        "domain/history/after-many",
-        partial(rope.apply_rope, q.detach(), k, sin, cos),
-        desc=f"apply_rope (1, 2, 8, 8) f64 after {CALLS} rotations with backward",
-        stages=2,
-        reduction=2,
-        axes=("history",),
-    )
+    rotation = partial(rope.apply_rope, q.detach(), k, sin, cos)
+    desc = f"apply_rope (1, 2, 8, 8) f64 after {CALLS} rotations with backward"
+    sized.call("domain/history/after-many", rotation, desc=desc, axes=("history",))
     for i in range(3):  # two table sizes built in turn
         for t, d in ((16, 8), (33, 4)):
-            o.call(
-                f"domain/history/tables/{i}/T={t}",
-                partial(rope.rope_cache, t, d, dtype=F64),
-                desc=f"rope_cache(T={t}, D={d}) f64, round {i} of building two in turn",
-                stages=2,
-                reduction=2,
-                axes=("history",),
-            )
+            table = partial(rope.rope_cache, t, d, dtype=F64)
+            desc = f"rope_cache(T={t}, D={d}) f64, round {i} of building two in turn"
+            sized.call(f"domain/history/tables/{i}/T={t}", table, desc=desc, axes=("history",))
 
     def mutated() -> Any:
         first = rope.rope_cache(12, 8, theta=77.0, dtype=F64)
@@ -133,17 +119,12 @@ def _history(o: Oracle) -> None:
             table.mul_(3.0)  # the caller changes its tables in place
         return rope.rope_cache(12, 8, theta=77.0, dtype=F64)
 
-    o.call(
-        "domain/history/after-in-place",
-        mutated,
-        stages=2,
-        reduction=2,
-        axes=("history",),
-        desc="rope_cache(T=12, D=8, theta=77) f64 after the caller scaled an earlier one",
-    )
+    desc = "rope_cache(T=12, D=8, theta=77) f64 after the caller scaled an earlier one"
+    sized.call("domain/history/after-in-place", mutated, desc=desc, axes=("history",))
 
 
 def _modes_layout(o: Oracle) -> None:
+    sized = _sized(o)
     sin, cos = rope.rope_cache(64, 16, theta=10000.0, dtype=F64)
     q = o.randn(2, 3, 20, 16, tag="modes-q")  # (B, H, T, D)
     k = o.randn(2, 3, 20, 16, tag="modes-k")  # (B, H, T, D)
@@ -158,14 +139,8 @@ def _modes_layout(o: Oracle) -> None:
             with torch.no_grad(), ctx():
                 return rope.apply_rope(q, k, sin, cos)
 
-        o.call(
-            f"domain/modes/{mode}",
-            run,
-            desc=f"apply_rope (2, 3, 20, 16) f64 {mode}",
-            stages=2,
-            reduction=2,
-            axes=("modes",),
-        )
+        desc = f"apply_rope (2, 3, 20, 16) f64 {mode}"
+        sized.call(f"domain/modes/{mode}", run, desc=desc, axes=("modes",))
     layouts = {
         "transposed": (o.randn(2, 20, 3, 16, tag="lay-q").transpose(1, 2), sin, cos),
         "strided": (o.randn(2, 3, 40, 16, tag="lay-s")[:, :, ::2], sin, cos),
@@ -174,29 +149,20 @@ def _modes_layout(o: Oracle) -> None:
         "head-dim-strided": (o.randn(2, 3, 20, 32, tag="lay-d")[..., ::2], sin, cos),
     }
     for what, (qq, s, c) in layouts.items():
-        o.call(
-            f"domain/layout/{what}",
-            partial(rope.apply_rope, qq, k, s, c),
-            desc=f"apply_rope, a {what} (non-contiguous) operand, f64",
-            stages=2,
-            reduction=2,
-            axes=("layout",),
-        )
+        rotation = partial(rope.apply_rope, qq, k, s, c)
+        desc = f"apply_rope, a {what} (non-contiguous) operand, f64"
+        sized.call(f"domain/layout/{what}", rotation, desc=desc, axes=("layout",))
 
 
 def _dtypes_configs(o: Oracle) -> None:
+    sized = _sized(o)
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
         short = str(dtype).removeprefix("torch.")
         sin, cos = rope.rope_cache(24, 8, dtype=dtype)
         q = o.randn(1, 2, 24, 8, tag="dtype-q", dtype=dtype)  # (1, 2, 24, 8)
-        o.call(
-            f"domain/dtype/{short}",
-            partial(rope.apply_rope, q, q, sin, cos),
-            desc=f"apply_rope (1, 2, 24, 8) {short} tables and q, k",
-            stages=2,
-            reduction=2,
-            axes=("dtype",),
-        )
+        rotation = partial(rope.apply_rope, q, q, sin, cos)
+        desc = f"apply_rope (1, 2, 24, 8) {short} tables and q, k"
+        sized.call(f"domain/dtype/{short}", rotation, desc=desc, axes=("dtype",))
     sin, cos = rope.rope_cache(24, 8, dtype=torch.float32)
     q = o.randn(1, 2, 24, 8, tag="dtype-q", dtype=torch.float32)  # (1, 2, 24, 8)
 
@@ -204,26 +170,15 @@ def _dtypes_configs(o: Oracle) -> None:
         with torch.autocast("cpu", dtype=torch.bfloat16):
             return rope.apply_rope(q, q, sin, cos)
 
-    o.call(
-        "domain/dtype/autocast-bf16",
-        autocast,
-        desc="apply_rope float32 under bf16 autocast",
-        stages=2,
-        reduction=2,
-        computes_in=torch.bfloat16,
-        axes=("dtype",),
-    )
+    desc = "apply_rope float32 under bf16 autocast"
+    name = "domain/dtype/autocast-bf16"
+    sized.call(name, autocast, desc=desc, computes_in=torch.bfloat16, axes=("dtype",))
     for t, d, theta in ((1, 2, 10000.0), (5, 512, 10000.0), (300, 6, 3.5)):
         sin, cos = rope.rope_cache(t, d, theta=theta, dtype=F64)
         q = o.randn(1, 1, t, d, tag=f"config-q{d}")  # (1, 1, T, D)
-        o.call(
-            f"domain/config/T={t}/D={d}",
-            partial(rope.apply_rope, q, q, sin, cos),
-            desc=f"apply_rope T={t} D={d} theta={theta:g} f64",
-            stages=2,
-            reduction=2,
-            axes=("config",),
-        )
+        rotation = partial(rope.apply_rope, q, q, sin, cos)
+        desc = f"apply_rope T={t} D={d} theta={theta:g} f64"
+        sized.call(f"domain/config/T={t}/D={d}", rotation, desc=desc, axes=("config",))
 
 
 def _errors(o: Oracle) -> None:
@@ -244,29 +199,19 @@ def _errors(o: Oracle) -> None:
 
 def _sizes(o: Oracle) -> None:
     """``size``: a float32 table of ``T`` x ``D`` and one row of ``H`` heads rotated by it."""
+    sized = _sized(o)
     for size in sizes.real_sizes(o, "size"):
         t, d, h, at = size.T, size.D, size.H, f"domain/size/{size.name}"
-        o.call(
-            f"{at}/cache",
-            partial(rope.rope_cache, t, d),
-            desc=f"rope_cache(T={t}, D={d}) float32, {size.name} sizes",
-            stages=2,
-            reduction=2,
-            axes=("size",),
-        )
+        desc = f"rope_cache(T={t}, D={d}) float32, {size.name} sizes"
+        sized.call(f"{at}/cache", partial(rope.rope_cache, t, d), desc=desc, axes=("size",))
         if not o.wants(f"{at}/apply"):
             continue
         sin, cos = rope.rope_cache(t, d)  # (1, 1, T, D/2) float32 each
         q = o.randn(1, h, t, d, tag=f"size-q-{size.name}", dtype=torch.float32)  # (1, H, T, D)
         k = o.randn(1, h, t, d, tag=f"size-k-{size.name}", dtype=torch.float32)  # (1, H, T, D)
-        o.call(
-            f"{at}/apply",
-            partial(rope.apply_rope, q, k, sin, cos),
-            desc=f"apply_rope q,k (1, {h}, {t}, {d}) float32, {size.name} sizes",
-            stages=2,
-            reduction=2,
-            axes=("size",),
-        )
+        desc = f"apply_rope q,k (1, {h}, {t}, {d}) float32, {size.name} sizes"
+        rotation = partial(rope.apply_rope, q, k, sin, cos)
+        sized.call(f"{at}/apply", rotation, desc=desc, axes=("size",))
 
 
 def calls(o: Oracle) -> None:
