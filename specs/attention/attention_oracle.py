@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import attention_oracle_domain
 import attention_oracle_v2
 import torch
+from speckit.module_calls import Sized
 
 from niels_gpt.config import ModelConfig
 from niels_gpt.model.attention import CausalSelfAttention
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
     from niels_gpt_contracts.driverkit import Oracle
 
 RULES = ("no-sdpa-runtime",)
+BF16 = torch.bfloat16
 PROBS = 1 << 19  # most (B, H, T, T) probabilities one call returns: 4 MB in float64
 EDGES = (
     1,
@@ -81,6 +83,12 @@ def _module(o: Oracle, cfg: ModelConfig, tag: str, dtype: torch.dtype) -> Causal
     return attn
 
 
+def _forwards(o: Oracle, reduction: int) -> Sized:
+    """``o`` sized for one forward of the module: four rounding stages deep (qkv, scores,
+    probs @ v, proj), sums as long as ``reduction``, its ops judged by ``no-sdpa-runtime``."""
+    return Sized(o, stages=4, reduction=reduction, rules=RULES)
+
+
 def _sweep(o: Oracle) -> None:
     """Every T in [1, 1024] in float64; in float32 the edges and 64 drawn lengths (eval).
 
@@ -98,15 +106,10 @@ def _sweep(o: Oracle) -> None:
         for t in lengths:
             x = x_all[:, :t]  # (1, t, C)
             watched = short == "f32" or t % 8 == 0 or t in EDGES
+            desc = f"B=1 T={t} C=4 H=1 {short} eval no_grad"
+            rules, forward = RULES if watched else (), _forwards(o, max(cfg.C, t))
             with torch.no_grad():
-                o.call(
-                    f"sweep/{short}/T={t}",
-                    partial(attn, x),
-                    desc=f"B=1 T={t} C=4 H=1 {short} eval no_grad",
-                    stages=4,
-                    reduction=max(cfg.C, t),
-                    rules=RULES if watched else (),
-                )
+                forward.call(f"sweep/{short}/T={t}", partial(attn, x), desc=desc, rules=rules)
 
 
 def _config(o: Oracle, i: int) -> tuple[ModelConfig, str]:
@@ -135,27 +138,13 @@ def _one_config(o: Oracle, i: int) -> None:
         x = o.randn(b, t, cfg.C, tag=f"config{i}-x", dtype=dtype)  # (B, T, C)
         desc = f"B={b} T={t} {about} {short}"
         attn.eval()
+        forward = _forwards(o, d)
+        causal = [o.upper_zero((f"{name}/eval", "1", ()), says=CAUSAL_PROBS)] if probs else ()
+        run, said = partial(attn, x, return_attn=probs), f"{desc} eval{' probs' if probs else ''}"
         with torch.no_grad():
-            o.call(
-                f"{name}/eval",
-                partial(attn, x, return_attn=probs),
-                desc=f"{desc} eval{' probs' if probs else ''}",
-                stages=4,
-                reduction=d,
-                rules=RULES,
-                relations=[o.upper_zero((f"{name}/eval", "1", ()), says=CAUSAL_PROBS)]
-                if probs
-                else (),
-            )
+            forward.call(f"{name}/eval", run, desc=said, relations=causal)
         with torch.inference_mode():
-            o.call(
-                f"{name}/inference",
-                partial(attn, x),
-                desc=f"{desc} inference_mode",
-                stages=4,
-                reduction=d,
-                rules=RULES,
-            )
+            forward.call(f"{name}/inference", partial(attn, x), desc=f"{desc} inference_mode")
         if i == 0:
             continue
         _train(o, attn, x, name, desc, d, probs)
@@ -178,15 +167,8 @@ def _train(
     # implementation may draw its masks in another order, so y gets invariants.
     keys = None if attn.cfg.dropout == 0.0 else ("1",) if probs else ()
     y = "0" if probs else "out"
-    o.call(
-        f"{name}/train",
-        partial(attn, x, return_attn=probs),
-        desc=f"{desc} train",
-        stages=4,
-        reduction=d,
-        rules=RULES,
-        compare=keys,
-    )
+    forward, train = _forwards(o, d), f"{name}/train"
+    forward.call(train, partial(attn, x, return_attn=probs), desc=f"{desc} train", compare=keys)
     if t > 1:
         cut = r.randint(1, t - 1)
         later = x.clone()  # (B, T, C)
@@ -194,29 +176,20 @@ def _train(
             f"causality: outputs at positions 0..{cut - 1} changed when only tokens {cut}.. did"
         )
         later[:, cut:] = 1000.0 * o.randn(b, t - cut, c, tag=f"{name}-far", dtype=x.dtype)
-        o.call(
+        forward.call(
             f"{name}/train-future",
             partial(attn, later, return_attn=probs),
             desc=f"{desc} train, tokens {cut}.. replaced by x1000 draws",
-            stages=4,
-            reduction=d,
-            rules=RULES,
             compare=(),  # x1000 inputs: outside the bound's unit scale; invariant only
-            relations=[_eq(o, f"{name}/train", f"{name}/train-future", y, 1, cut, says=causal)],
+            relations=[_eq(o, train, f"{name}/train-future", y, 1, cut, says=causal)],
         )
     if b > 1:
         rows = x.clone()  # (B, T, C)
         rows[1:] = o.randn(b - 1, t, c, tag=f"{name}-rows", dtype=x.dtype)
-        o.call(
-            f"{name}/train-rows",
-            partial(attn, rows, return_attn=probs),
-            desc=f"{desc} train, rows 1.. replaced",
-            stages=4,
-            reduction=d,
-            rules=RULES,
-            compare=keys,
-            relations=[_eq(o, f"{name}/train", f"{name}/train-rows", y, 0, 1, says=ROWS)],
-        )
+        same = [_eq(o, train, f"{name}/train-rows", y, 0, 1, says=ROWS)]
+        run = partial(attn, rows, return_attn=probs)
+        desc_rows = f"{desc} train, rows 1.. replaced"
+        forward.call(f"{name}/train-rows", run, desc=desc_rows, compare=keys, relations=same)
     if attn.cfg.dropout == 0.0:
         o.call(
             f"{name}/backward",
@@ -249,25 +222,14 @@ def _mixed(o: Oracle) -> None:
             with torch.autocast("cpu", dtype=torch.bfloat16):
                 return attn(x, return_attn=True)
 
-        o.call(
-            f"mixed/autocast/T={t}",
-            autocast,
-            desc=f"B=2 T={t} C=32 bf16 autocast eval",
-            stages=4,
-            reduction=max(32, t),
-            rules=RULES,
-            computes_in=torch.bfloat16,
-        )
+        desc = f"B=2 T={t} C=32 bf16 autocast eval"
+        forward = _forwards(o, max(32, t))
+        forward.call(f"mixed/autocast/T={t}", autocast, desc=desc, computes_in=BF16)
     half = _module(o, cfg, "mixed-w", torch.float32).to(torch.bfloat16).eval()
     x = o.randn(2, 257, cfg.C, tag="mixed-half", dtype=torch.bfloat16)  # (2, 257, C)
-    o.call(
-        "mixed/bf16-module",
-        lambda: half(x, return_attn=True),
-        desc="B=2 T=257 C=32 bfloat16 module eval",
-        stages=4,
-        reduction=257,
-        rules=RULES,
-        computes_in=torch.bfloat16,
+    forward, desc = _forwards(o, 257), "B=2 T=257 C=32 bfloat16 module eval"
+    forward.call(
+        "mixed/bf16-module", lambda: half(x, return_attn=True), desc=desc, computes_in=BF16
     )
 
 
@@ -282,13 +244,8 @@ def _bad_inputs(o: Oracle) -> None:
         "empty": torch.zeros(1, 0, 16),
     }
     for what, x in cases.items():
-        o.call(
-            f"bad/{what}",
-            partial(attn, x),
-            desc=f"bad input: {what} {tuple(x.shape)} {x.dtype}",
-            stages=1,
-            reduction=1,
-        )
+        desc = f"bad input: {what} {tuple(x.shape)} {x.dtype}"
+        o.call(f"bad/{what}", partial(attn, x), desc=desc, stages=1, reduction=1)
 
 
 def calls(o: Oracle) -> None:

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 
 import torch
+from speckit import module_runtime
 
 from niels_gpt.config import ModelConfig
 from niels_gpt.model.attention import CausalSelfAttention, KVCache
@@ -30,16 +31,7 @@ def forward_backward(device: torch.device, record: Record) -> None:
     for t in (7, 160):  # one query block, and more than one (QUERY_BLOCK is 128)
         x = torch.randn(2, t, cfg.C, device=device, requires_grad=True)  # (B, T, C)
         with record():
-            attn.train()
-            y = attn(x)  # (B, T, C)
-            y.square().mean().backward()
-            attn.eval()
-            y, probs = attn(x, return_attn=True)  # (B, T, C), (B, H, T, T)
-            (y.sum() + probs.sum()).backward()
-            with torch.no_grad():
-                attn(x)  # (B, T, C)
-            with torch.inference_mode():
-                attn(x.detach())  # (B, T, C)
+            module_runtime.drive(attn, x)
 
 
 def extended_calls(device: torch.device, record: Record) -> None:
