@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import block_oracle_domain
 import torch
+from speckit.module_calls import Sized
 
 from niels_gpt.config import ModelConfig
 from niels_gpt.model.block_v0 import MLP, Block
@@ -50,6 +51,12 @@ def _backward(o: Oracle, block: Block, x: torch.Tensor, tag: str) -> dict[str, A
     return {"y": y.detach(), "dx": x.grad, **{n: p.grad for n, p in block.named_parameters()}}
 
 
+def _forwards(o: Oracle, reduction: int) -> Sized:
+    """``o`` sized for one forward of a block: ``STAGES`` rounding stages deep, sums as long
+    as ``reduction``, its ops judged by ``no-sdpa-runtime``."""
+    return Sized(o, stages=STAGES, reduction=reduction, rules=RULES)
+
+
 def _one(o: Oracle, i: int) -> None:
     cfg, about = _config(o, i)
     r = o.rng(f"config{i}/inputs")
@@ -67,37 +74,17 @@ def _one(o: Oracle, i: int) -> None:
         o.load_weights(block, f"{name}-w")
         x = o.randn(b, t, cfg.C, tag=f"config{i}-x", dtype=dtype)  # (B, T, C)
         block.eval()
+        forward = _forwards(o, d)
         with torch.no_grad():
-            o.call(
-                f"{name}/eval",
-                partial(block, x, return_attn=probs),
-                desc=f"{desc} eval",
-                stages=STAGES,
-                reduction=d,
-                rules=RULES,
-            )
+            forward.call(f"{name}/eval", partial(block, x, return_attn=probs), desc=f"{desc} eval")
         with torch.inference_mode():
-            o.call(
-                f"{name}/inference",
-                partial(block, x),
-                desc=f"{desc} inference_mode",
-                stages=STAGES,
-                reduction=d,
-                rules=RULES,
-            )
+            forward.call(f"{name}/inference", partial(block, x), desc=f"{desc} inference_mode")
         if i == 0:
             continue
         block.train()
         keys = None if cfg.dropout == 0.0 else ("1",) if probs else ()
-        o.call(
-            f"{name}/train",
-            partial(block, x, return_attn=probs),
-            desc=f"{desc} train",
-            stages=STAGES,
-            reduction=d,
-            rules=RULES,
-            compare=keys,
-        )
+        run = partial(block, x, return_attn=probs)
+        forward.call(f"{name}/train", run, desc=f"{desc} train", compare=keys)
         if t > 1:
             cut = r.randint(1, t - 1)
             later = x.clone()  # (B, T, C)
@@ -106,13 +93,10 @@ def _one(o: Oracle, i: int) -> None:
                 (f"{name}/train", y, ((1, 0, cut),)),
                 (f"{name}/train-future", y, ((1, 0, cut),)),
             )
-            o.call(
+            forward.call(
                 f"{name}/train-future",
                 partial(block, later, return_attn=probs),
                 desc=f"{desc} train, tokens {cut}.. x1000",
-                stages=STAGES,
-                reduction=d,
-                rules=RULES,
                 compare=(),  # x1000 inputs: outside the bound's unit scale; invariant only
                 relations=[same],
             )
@@ -137,15 +121,8 @@ def _mixed_and_mlp(o: Oracle) -> None:
         with torch.autocast("cpu", dtype=torch.bfloat16):
             return block(x, return_attn=True)
 
-    o.call(
-        "mixed/autocast",
-        autocast,
-        desc="B=2 T=257 C=32 bf16 autocast eval",
-        stages=STAGES,
-        reduction=257,
-        rules=RULES,
-        computes_in=torch.bfloat16,
-    )
+    desc = "B=2 T=257 C=32 bf16 autocast eval"
+    _forwards(o, 257).call("mixed/autocast", autocast, desc=desc, computes_in=torch.bfloat16)
     mlp = MLP(cfg)
     o.load_weights(mlp, "mlp-w")
     o.call("mlp", partial(mlp, x), desc="MLP on (2, 257, 32) float32", stages=2, reduction=64)

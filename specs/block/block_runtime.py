@@ -6,6 +6,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 
 import torch
+from speckit import module_runtime
 
 from niels_gpt.config import ModelConfig
 from niels_gpt.model.block_v0 import Block, init_weights
@@ -21,12 +22,4 @@ def forward_backward(device: torch.device, record: Record) -> None:
     block.apply(init_weights)
     x = torch.randn(2, 12, cfg.C, device=device, requires_grad=True)  # (B, T, C)
     with record():
-        block.train()
-        block(x).square().mean().backward()
-        block.eval()
-        y, probs = block(x, return_attn=True)  # (B, T, C), (B, H, T, T)
-        (y.sum() + probs.sum()).backward()
-        with torch.no_grad():
-            block(x)  # (B, T, C)
-        with torch.inference_mode():
-            block(x.detach())  # (B, T, C)
+        module_runtime.drive(block, x)
