@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import fastpath_oracle_domain
 import torch
+from speckit import model_sweeps as sweeps
 
 from niels_gpt.config import ModelConfig
 from niels_gpt.model.attention import KVCache
@@ -218,21 +219,9 @@ def _cached(o: Oracle) -> None:
                             reduction=max(16, stop),
                             axes=COMBOS,
                         )
-                        for n in range(1, CHUNK + 1):
-                            name = f"{full}/n={n}"
-                            same = [
-                                o.equal((name, f"o{j}", ()), (full, "out", ((1, start, stop),)))
-                                for j in range(n)
-                            ]
-                            o.call(
-                                name,
-                                partial(_sweep, attn, x, frame, n, start),
-                                desc=f"{about} cached chunks of {n} from column {start}..",
-                                stages=4,
-                                reduction=max(16, stop),
-                                relations=same,
-                                axes=COMBOS,
-                            )
+                        sweeps.chunk_sweep(o, full, partial(_sweep, attn, x, frame), (start, stop),
+                                           CHUNK, about, stages=4, reduction=max(16, stop),
+                                           axes=COMBOS)  # fmt: skip
         use_explicit_attention(attn)
 
 

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 import kv_cache_oracle_domain
 import torch
+from speckit import model_sweeps as sweeps
 from speckit import sizes
 
 from niels_gpt.config import ModelConfig
@@ -184,22 +185,10 @@ def _generate(o: Oracle) -> None:
         if long:  # sampled (a greedy random model may repeat one token) and traced
             knobs.update(temperature=1.0, top_k=None, top_p=None, eos_id=None, trace_layer=1)
         about = ", ".join(f"{k}={v}" for k, v in knobs.items() if k != "generator")
-        o.call(
-            f"generate/{i}",
-            partial(generate, gpt, prompt, new, **knobs),
-            desc=f"generate V={cfg.V} B={b} t={t} new={new} {about}",
-            stages=16,
-            reduction=cfg.T,
-            rules=GENERATE,
-        )
-        with torch.no_grad():  # generate hands the model back as it found it
-            o.call(
-                f"generate/{i}/after",
-                partial(gpt, prompt),
-                desc=f"the model's own forward after generate/{i}",
-                stages=16,
-                reduction=cfg.T,
-            )
+        run = partial(generate, gpt, prompt, new, **knobs)
+        desc = f"generate V={cfg.V} B={b} t={t} new={new} {about}"
+        sweeps.handed_back(o, f"generate/{i}", run, gpt, prompt, desc=desc, stages=16,
+                           reduction=cfg.T, rules=GENERATE)  # fmt: skip
 
 
 def _filters_and_bad(o: Oracle) -> None:
@@ -293,29 +282,18 @@ def _combos(o: Oracle) -> None:
             kind = "fast" if fast else "explicit"
             with torch.no_grad():
                 for start, stop in SPANS:
-                    full = f"combos/{short}/{kind}/{start}"
+                    full, z = f"combos/{short}/{kind}/{start}", ids[:, :stop]  # z: (2, stop)
                     o.call(
                         full,
-                        partial(gpt, ids[:, :stop]),
+                        partial(gpt, z),
                         desc=f"{short} {kind} uncached, {stop} columns",
                         stages=9,
                         reduction=max(48, stop),
                         axes=COMBOS,
                     )
-                    for n in range(1, CHUNK + 1):
-                        name = f"{full}/n={n}"
-                        o.call(
-                            name,
-                            partial(_sweep, gpt, ids[:, :stop], n, start),
-                            desc=f"{short} {kind} cached chunks of {n} from column {start}..",
-                            stages=9,
-                            reduction=max(48, stop),
-                            axes=COMBOS,
-                            relations=[
-                                o.equal((name, f"o{j}", ()), (full, "out", ((1, start, stop),)))
-                                for j in range(n)
-                            ],
-                        )
+                    sweeps.chunk_sweep(o, full, partial(_sweep, gpt, z), (start, stop), CHUNK,
+                                       f"{short} {kind}", stages=9, reduction=max(48, stop),
+                                       axes=COMBOS)  # fmt: skip
             for t, new in ((2, 42), (300, 20)):
                 for sampled in (False, True):
                     tag = f"combos/{short}/gen-t={t}/{'sampled' if sampled else 'greedy'}"

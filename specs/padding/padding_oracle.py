@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import padding_oracle_domain
 import torch
+from speckit import model_sweeps as sweeps
 from speckit import sizes
 
 import niels_gpt.model.rope as rope
@@ -205,22 +206,10 @@ def _generate(o: Oracle) -> None:
         }
         new = r.randint(0, cfg.T - t)
         rules = ("no-sdpa-in-generate", "no-cat-in-generate") if any(pads) else ()
-        o.call(
-            f"generate/{i}",
-            partial(generate, gpt, prompt, _mask(pads, t), new, **knobs),
-            desc=f"padded generate B={b} t={t} pads={pads} new={new} per_row={per_row}",
-            stages=16,
-            reduction=cfg.T,
-            rules=rules,
-        )
-        with torch.no_grad():  # the model is handed back as it was found
-            o.call(
-                f"generate/{i}/after",
-                partial(gpt, prompt),
-                desc=f"the model's own forward after generate/{i}",
-                stages=16,
-                reduction=cfg.T,
-            )
+        run = partial(generate, gpt, prompt, _mask(pads, t), new, **knobs)
+        desc = f"padded generate B={b} t={t} pads={pads} new={new} per_row={per_row}"
+        sweeps.handed_back(o, f"generate/{i}", run, gpt, prompt, desc=desc, stages=16,
+                           reduction=cfg.T, rules=rules)  # fmt: skip
 
 
 def _rows_and_bad(o: Oracle) -> None:

@@ -19,9 +19,11 @@ forward (a generate call), the bad calls. The table's calls:
 
 The helpers here (the model builder, the bounds, a cross-entropy's
 Hessian-vector products, a causality pair, a reloaded model, two models in
-turn, a module's magnitude sweep, a backward under ``enable_grad``) are for
-the stages' own scenarios too; a stage enters each scenario in its table's
-``Scenarios`` where it defines it. The general helpers (scales,
+turn, a module's magnitude sweep, a backward under ``enable_grad``, a call
+that must hand its model back, a cache fed in chunks of every size against
+an uncached call) are for
+the stages' own scenarios and calls too; a stage enters each scenario in its
+table's ``Scenarios`` where it defines it. The general helpers (scales,
 config fields, warm-up, modes, errors) are ``sweeps``'s, imported here and
 bound to module-level names. Like ``sweeps``, this module imports torch and
 nothing else at run time (a stage's classes come in through the table).
@@ -243,6 +245,41 @@ def causal_pair(
     for i, rel in ((0, ()), (1, (same,))):
         o.call(names[i], calls[i], desc=desc[i], stages=stages, reduction=reduction,
                relations=rel, compare=compare, axes=axes)  # fmt: skip
+
+
+def handed_back(
+    o: Oracle, name: str, run: Callable[[], Any], gpt: Any, ids: torch.Tensor, *, desc: str,
+    stages: int, reduction: int, rules: Sequence[str] = (),
+) -> None:  # fmt: skip
+    """``run()`` under ``name`` (a ``generate`` call, say), then ``gpt``'s own forward on
+    ``ids`` (B, t) under ``name/after``, compared with the base's: the call must hand the
+    model back as it found it."""
+    o.call(name, run, desc=desc, stages=stages, reduction=reduction, rules=rules)
+    with torch.no_grad():
+        o.call(f"{name}/after", partial(gpt, ids), desc=f"the model's own forward after {name}",
+               stages=stages, reduction=reduction)  # fmt: skip
+
+
+def chunk_sweep(
+    o: Oracle, full: str, chunked: Callable[..., Any], span: tuple[int, int], most: int,
+    about: str, *, stages: int, reduction: int, axes: tuple[str, ...],
+) -> None:  # fmt: skip
+    """A cache fed in chunks of every size, against the stage's uncached call ``full``.
+
+    ``full`` ran columns ``0 .. stop`` uncached (the stage makes it, with the axis
+    literal ``oracle.coverage`` reads); for each ``n`` in ``1 .. most``,
+    ``chunked(n, start)`` under ``full/n=<n>`` runs them through a cache, from each
+    first column ``start + j`` (``j < n``) in chunks of ``n``, and answers ``o<j>``:
+    its outputs of columns ``start .. stop``, each equal to ``full``'s (invariants).
+    ``(start, stop)`` is ``span``; ``about`` heads the descriptions.
+    """
+    start, stop = span
+    for n in range(1, most + 1):
+        name = f"{full}/n={n}"
+        same = [o.equal((name, f"o{j}", ()), (full, "out", ((1, start, stop),))) for j in range(n)]
+        o.call(name, partial(chunked, n, start), desc=f"{about} cached chunks of {n} from column "
+               f"{start}..", stages=stages, reduction=reduction, relations=same,
+               axes=axes)  # fmt: skip
 
 
 def reloaded(s: ModelSweep, built: torch.nn.Module, cfg: ModelConfig) -> Any:
