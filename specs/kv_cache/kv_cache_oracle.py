@@ -228,25 +228,15 @@ def _filters_and_bad(o: Oracle) -> None:
     }
     for what, fn in cases.items():
         o.call(f"bad/{what}", fn, desc=f"bad argument: {what}", stages=1, reduction=1, axes=ERRORS)
+    chunks = {  # bad cached chunks, after a prompt of 4 in a cache for one row
+        "past-T": ("a cached chunk past cfg.T", torch.zeros(1, 5, dtype=torch.int64)),
+        "batch-mismatch": ("a cached chunk of another batch", torch.zeros(2, 1, dtype=torch.int64)),
+    }
     use_kv_cache(gpt, 1)
     with torch.no_grad():
         gpt(prompt)
-        o.call(
-            "bad/past-T",
-            partial(gpt, torch.zeros(1, 5, dtype=torch.int64)),
-            desc="a cached chunk past cfg.T",
-            stages=1,
-            reduction=1,
-            axes=ERRORS,
-        )
-        o.call(
-            "bad/batch-mismatch",
-            partial(gpt, torch.zeros(2, 1, dtype=torch.int64)),
-            desc="a cached chunk of another batch",
-            stages=1,
-            reduction=1,
-            axes=ERRORS,
-        )
+        for what, (desc, z) in chunks.items():
+            o.call(f"bad/{what}", partial(gpt, z), desc=desc, stages=1, reduction=1, axes=ERRORS)
 
 
 def _sweep(gpt: GPT, ids: torch.Tensor, n: int, start: int) -> dict[str, torch.Tensor]:
