@@ -132,34 +132,17 @@ def _forward(o: Oracle, i: int) -> None:
             rules=rules,
             relations=alone,
         )
-    if cfg.dropout > 0.0:
+    if cfg.dropout > 0.0:  # in training, later ids redrawn leave the earlier logits alone
         gpt.train()
-        o.call(
-            f"{name}/train",
-            partial(padded_forward, gpt, ids, mask),
-            desc=f"{about} train",
-            stages=stages,
-            reduction=d,
-            rules=rules,
-            compare=(),
-        )
+        judged = partial(o.call, stages=stages, reduction=d, rules=rules, compare=())
+        judged(f"{name}/train", partial(padded_forward, gpt, ids, mask), desc=f"{about} train")
         later = ids.clone()  # (B, t)
         cut = r.randint(1, t) if t > 1 else 1
         later[:, cut:] = o.randint(cfg.V, b, t - cut, tag=f"{name}-later")
-        same = o.equal(
-            (f"{name}/train", "out", ((1, 0, cut),)),
-            (f"{name}/train-future", "out", ((1, 0, cut),)),
-        )
-        o.call(
-            f"{name}/train-future",
-            partial(padded_forward, gpt, later, mask),
-            desc=f"{about} train, ids {cut}.. redrawn",
-            stages=stages,
-            reduction=d,
-            rules=rules,
-            compare=(),
-            relations=[same],
-        )
+        before = ((1, 0, cut),)  # the logits before the cut
+        same = o.equal((f"{name}/train", "out", before), (f"{name}/train-future", "out", before))
+        judged(f"{name}/train-future", partial(padded_forward, gpt, later, mask),
+               desc=f"{about} train, ids {cut}.. redrawn", relations=[same])  # fmt: skip
 
 
 def _loss(o: Oracle) -> None:
