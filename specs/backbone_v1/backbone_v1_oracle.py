@@ -79,32 +79,20 @@ def _one(o: Oracle, i: int) -> None:
         gpt.eval()
         layer = r.randrange(cfg.L)
         full = b * cfg.H * t * t <= 1 << 19  # the full matrix only while it stays small
+        judged = partial(o.call, stages=stages, reduction=d, rules=RULES)
         with torch.no_grad():
-            o.call(
-                f"{name}/eval",
-                partial(gpt, ids),
-                desc=f"{desc} eval",
-                stages=stages,
-                reduction=d,
-                rules=RULES,
-            )
-            o.call(
+            judged(f"{name}/eval", partial(gpt, ids), desc=f"{desc} eval")
+            judged(
                 f"{name}/trace",
                 partial(gpt.forward_with_attn_trace, ids, layer, full),
                 desc=f"{desc} trace layer {layer}{' full' if full else ''}",
-                stages=stages,
-                reduction=d,
-                rules=RULES,
                 relations=[o.upper_zero((f"{name}/trace", "1.attn_full", ()))] if full else (),
             )
         with torch.inference_mode():
-            o.call(
+            judged(
                 f"{name}/inference-trace",
                 partial(gpt.forward_with_attn_trace, ids, layer),
                 desc=f"{desc} inference_mode trace layer {layer}",
-                stages=stages,
-                reduction=d,
-                rules=RULES,
             )
         if i == 0:
             continue
@@ -114,53 +102,30 @@ def _one(o: Oracle, i: int) -> None:
 def _train(
     o: Oracle, gpt: GPT, ids: torch.Tensor, name: str, desc: str, stages: int, d: int
 ) -> None:
+    """``name/train``, and in training mode the invariants: ids redrawn from a cut on
+    (``name/train-future``) leave the logits before it alone, rows redrawn from the second
+    on (``name/train-rows``) leave the first row's alone; without dropout, a backward."""
     b, t = ids.shape
     r = o.rng(f"{name}/train")
     gpt.train()
+    judged = partial(o.call, stages=stages, reduction=d, rules=RULES)
     keys: tuple[str, ...] | None = None if gpt.cfg.dropout == 0.0 else ()
-    o.call(
-        f"{name}/train",
-        partial(gpt, ids),
-        desc=f"{desc} train",
-        stages=stages,
-        reduction=d,
-        rules=RULES,
-        compare=keys,
-    )
+    judged(f"{name}/train", partial(gpt, ids), desc=f"{desc} train", compare=keys)
+    # (call, its ids, the logits left alone, what was redrawn)
+    redrawn: list[tuple[str, torch.Tensor, tuple[tuple[int, int, int]], str]] = []
     if t > 1:
         cut = r.randint(1, t - 1)
         later = ids.clone()  # (B, T)
         later[:, cut:] = o.randint(gpt.cfg.V, b, t - cut, tag=f"{name}-later")
-        same = o.equal(
-            (f"{name}/train", "out", ((1, 0, cut),)),
-            (f"{name}/train-future", "out", ((1, 0, cut),)),
-        )
-        o.call(
-            f"{name}/train-future",
-            partial(gpt, later),
-            desc=f"{desc} train, ids {cut}.. redrawn",
-            stages=stages,
-            reduction=d,
-            rules=RULES,
-            compare=keys,
-            relations=[same],
-        )
+        redrawn.append(("train-future", later, ((1, 0, cut),), f"ids {cut}.."))
     if b > 1:
         rows = ids.clone()  # (B, T)
         rows[1:] = o.randint(gpt.cfg.V, b - 1, t, tag=f"{name}-rows")
-        same = o.equal(
-            (f"{name}/train", "out", ((0, 0, 1),)), (f"{name}/train-rows", "out", ((0, 0, 1),))
-        )
-        o.call(
-            f"{name}/train-rows",
-            partial(gpt, rows),
-            desc=f"{desc} train, rows 1.. redrawn",
-            stages=stages,
-            reduction=d,
-            rules=RULES,
-            compare=keys,
-            relations=[same],
-        )
+        redrawn.append(("train-rows", rows, ((0, 0, 1),), "rows 1.."))
+    for call, z, alone, what in redrawn:
+        same = o.equal((f"{name}/train", "out", alone), (f"{name}/{call}", "out", alone))
+        judged(f"{name}/{call}", partial(gpt, z), desc=f"{desc} train, {what} redrawn",
+               compare=keys, relations=[same])  # fmt: skip
     if gpt.cfg.dropout == 0.0:
         o.call(
             f"{name}/backward",
@@ -208,15 +173,10 @@ def _parts(o: Oracle) -> None:
         "rank": torch.zeros(4, dtype=torch.int64),
         "length": torch.zeros(1, 301, dtype=torch.int64),
     }
-    for what, z in bad.items():
-        o.call(f"bad/{what}", partial(gpt, z), desc=f"bad input {what}", stages=1, reduction=1)
-    o.call(
-        "bad/trace-layer",
-        partial(gpt.forward_with_attn_trace, ids, 2),
-        desc="trace_layer = L",
-        stages=1,
-        reduction=1,
-    )
+    cases = {what: (partial(gpt, z), f"bad input {what}") for what, z in bad.items()}
+    cases["trace-layer"] = (partial(gpt.forward_with_attn_trace, ids, 2), "trace_layer = L")
+    for what, (fn, desc) in cases.items():
+        o.call(f"bad/{what}", fn, desc=desc, stages=1, reduction=1)
 
 
 def calls(o: Oracle) -> None:

@@ -43,16 +43,13 @@ if TYPE_CHECKING:
 
 SMALL = ModelConfig(V=11, T=24, C=16, L=2, H=2, d_ff=24, dropout=0.0)
 STAGES = sweeps.depth(SMALL)
+OWN = sweeps.Scenarios()  # the stage's own scenarios by axis, run after the table's
 
 
+@OWN.axis("magnitude", "domain/magnitude/block/s=1")
 def _block_magnitude(o: Oracle) -> None:
-    if not o.wants("domain/magnitude/block/s=1"):
-        return
     x0 = o.randn(2, 20, SMALL.C, tag="mag-x")  # (2, 20, C)
-    for s in sweeps.SCALES:
-        block = Block(SMALL).double().eval()
-        o.load_weights(block, "mag-block", scale=s / SMALL.C**0.5)  # weights x s
-        x = s * x0  # (2, 20, C)
+    for s, block, x in sweeps.scaled(o, partial(Block, SMALL), x0, "mag-block"):
         with torch.no_grad():
             o.call(
                 f"domain/magnitude/block/s={s:g}",
@@ -64,9 +61,8 @@ def _block_magnitude(o: Oracle) -> None:
             )
 
 
+@OWN.axis("dtype", "domain/dtype/autocast-f16")
 def _autocast(o: Oracle) -> None:
-    if not o.wants("domain/dtype/autocast-f16"):
-        return
     gpt = sweeps.model(o, TABLE, SMALL, "dtype-w", torch.float32)
     ids = o.randint(SMALL.V, 2, 20, tag="dtype-ids")  # (2, 20)
 
@@ -85,9 +81,8 @@ def _autocast(o: Oracle) -> None:
     )
 
 
+@OWN.axis("layout", "domain/layout/ids-transposed")
 def _layout(o: Oracle) -> None:
-    if not o.wants("domain/layout/ids-transposed"):
-        return
     gpt = sweeps.model(o, TABLE, SMALL, "modes-w")
     block = Block(SMALL).double().eval()
     o.load_weights(block, "layout-block")
@@ -117,9 +112,8 @@ def _enable_grad(gpt: GPT, ids: torch.Tensor) -> dict[str, Any]:
     return {"y": y.detach(), **{n: p.grad for n, p in gpt.named_parameters()}}
 
 
+@OWN.axis("modes", "domain/modes/train")
 def _modes(o: Oracle) -> None:
-    if not o.wants("domain/modes/train"):
-        return
     gpt = sweeps.model(o, TABLE, SMALL, "modes-w")
     ids = o.randint(SMALL.V, 2, 20, tag="modes-ids")  # (2, 20)
     about = "GPT B=2 T=20 C=16 L=2 f64"
@@ -135,6 +129,7 @@ def _modes(o: Oracle) -> None:
     )
 
 
+@OWN.axis("grad2")
 def _grad2(o: Oracle) -> None:
     parts: dict[str, torch.nn.Module] = {
         "block": Block(SMALL),
@@ -169,10 +164,9 @@ def _grad2(o: Oracle) -> None:
         )
 
 
+@OWN.axis("history", "domain/history/long/eval")
 def _history(o: Oracle) -> None:
     name = "domain/history/long"
-    if not o.wants(f"{name}/eval"):
-        return
     cfg = ModelConfig(V=5, T=8, C=8, L=1, H=2, d_ff=8, dropout=0.0)
     gpt = sweeps.model(o, TABLE, cfg, "hist-w").train()
     ids = o.randint(cfg.V, 2, 8, tag="hist-ids")  # (2, 8)
@@ -251,14 +245,7 @@ TABLE = sweeps.ModelSweep(
     part="gpt/",
     dtypes={"f32": (torch.float32, None), "f16": (torch.float16, None)},
     errors=_errors,
-    scenarios={
-        "magnitude": _block_magnitude,
-        "dtype": _autocast,
-        "layout": _layout,
-        "modes": _modes,
-        "grad2": _grad2,
-        "history": _history,
-    },
+    scenarios=OWN,
 )
 
 

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import fastpath_oracle_domain
 import torch
+from speckit import model_sweeps as sweeps
 
 from niels_gpt.config import ModelConfig
 from niels_gpt.model.attention import KVCache
@@ -79,36 +80,18 @@ def _attention(o: Oracle) -> None:
     later = x.clone()  # (3, 300, 32)
     later[:, 140:] = 1000.0 * o.randn(3, 160, 32, tag="train-far", dtype=torch.float32)
     attn.train()
-    o.call(
-        "train",
-        partial(attn, x),
-        desc="B=3 T=300 C=32 dropout 0.3 train",
-        stages=4,
-        reduction=300,
-        compare=(),
-    )
+    judged = partial(o.call, stages=4, reduction=300)
+    judged("train", partial(attn, x), desc="B=3 T=300 C=32 dropout 0.3 train", compare=())
     same = o.equal(("train", "out", ((1, 0, 140),)), ("train-future", "out", ((1, 0, 140),)))
-    o.call(
-        "train-future",
-        partial(attn, later),
-        desc="as train, tokens 140.. x1000",
-        stages=4,
-        reduction=300,
-        compare=(),
-        relations=[same],
-    )
+    judged("train-future", partial(attn, later), desc="as train, tokens 140.. x1000", compare=(),
+           relations=[same])  # fmt: skip
 
     def autocast() -> Any:
         with torch.autocast("cpu", dtype=torch.bfloat16):
             return attn.eval()(x)
 
-    o.call(
-        "autocast",
-        autocast,
-        desc="B=3 T=300 C=32 bf16 autocast eval",
-        stages=4,
-        reduction=300,
-        computes_in=torch.bfloat16,
+    judged(
+        "autocast", autocast, desc="B=3 T=300 C=32 bf16 autocast eval", computes_in=torch.bfloat16
     )
 
 
@@ -117,31 +100,14 @@ def _switch(o: Oracle) -> None:
     gpt = GPT(cfg).eval()
     o.load_weights(gpt, "gpt")
     ids = o.randint(50, 2, 600, tag="ids")  # (2, 600)
+    judged = partial(o.call, stages=16, reduction=600)
     use_fast_attention(gpt)
     with torch.no_grad():
-        o.call(
-            "gpt/fast",
-            partial(gpt, ids),
-            desc="GPT L=2 C=32 T=600 fast path eval",
-            stages=16,
-            reduction=600,
-        )
-        o.call(
-            "gpt/fast-trace",
-            partial(gpt.forward_with_attn_trace, ids, 1),
-            desc="GPT fast path trace layer 1",
-            stages=16,
-            reduction=600,
-        )
-    use_explicit_attention(gpt)
-    with torch.no_grad():
-        o.call(
-            "gpt/explicit",
-            partial(gpt, ids),
-            desc="GPT switched back to explicit",
-            stages=16,
-            reduction=600,
-        )
+        judged("gpt/fast", partial(gpt, ids), desc="GPT L=2 C=32 T=600 fast path eval")
+        trace = partial(gpt.forward_with_attn_trace, ids, 1)
+        judged("gpt/fast-trace", trace, desc="GPT fast path trace layer 1")
+        use_explicit_attention(gpt)
+        judged("gpt/explicit", partial(gpt, ids), desc="GPT switched back to explicit")
     not_a_module: Any = torch.zeros(2)
     o.call(
         "bad/switch",
@@ -218,21 +184,9 @@ def _cached(o: Oracle) -> None:
                             reduction=max(16, stop),
                             axes=COMBOS,
                         )
-                        for n in range(1, CHUNK + 1):
-                            name = f"{full}/n={n}"
-                            same = [
-                                o.equal((name, f"o{j}", ()), (full, "out", ((1, start, stop),)))
-                                for j in range(n)
-                            ]
-                            o.call(
-                                name,
-                                partial(_sweep, attn, x, frame, n, start),
-                                desc=f"{about} cached chunks of {n} from column {start}..",
-                                stages=4,
-                                reduction=max(16, stop),
-                                relations=same,
-                                axes=COMBOS,
-                            )
+                        sweeps.chunk_sweep(o, full, partial(_sweep, attn, x, frame), (start, stop),
+                                           CHUNK, about, stages=4, reduction=max(16, stop),
+                                           axes=COMBOS)  # fmt: skip
         use_explicit_attention(attn)
 
 

@@ -60,6 +60,7 @@ TRAINING_CALLS = 3000
 ATTN = ModelConfig(V=2, T=40, C=16, H=2, dropout=0.0)
 SMALL = ModelConfig(V=13, T=24, C=16, L=2, H=2, d_ff=24, dropout=0.0)
 STAGES = sweeps.depth(SMALL)
+OWN = sweeps.Scenarios()  # the stage's own scenarios by axis, run after the table's
 
 
 def _attn(o: Oracle, cfg: ModelConfig, tag: str, dtype: torch.dtype = torch.float64) -> Any:
@@ -97,14 +98,10 @@ def _both(o: Oracle, name: str, model: torch.nn.Module, fn: Any, desc: str, **ju
     sweeps.judge(o, name, _explicit_and_fast(o, name, model, fn), desc, **judged)
 
 
+@OWN.axis("magnitude", "domain/magnitude/attn/s=1")
 def _magnitude(o: Oracle) -> None:
-    if not o.wants("domain/magnitude/attn/s=1"):
-        return
     x0 = o.randn(2, 30, ATTN.C, tag="mag-x")  # (2, 30, C)
-    for s in sweeps.SCALES:
-        attn = FastCausalSelfAttention(ATTN).double().eval()
-        o.load_weights(attn, "mag-attn", scale=s / ATTN.C**0.5)  # weights x s
-        x = s * x0  # (2, 30, C)
+    for s, attn, x in sweeps.scaled(o, partial(FastCausalSelfAttention, ATTN), x0, "mag-attn"):
         top = max(30, sweeps.score_bound(attn, x))
         with torch.no_grad():
             _both(o, f"domain/magnitude/attn/s={s:g}", attn, partial(attn, x),
@@ -120,9 +117,8 @@ def _autocast_backward(attn: Any, x: torch.Tensor) -> dict[str, Any]:
     return {"out": y.detach(), **{n: p.grad for n, p in attn.named_parameters()}}
 
 
+@OWN.axis("dtype", "domain/dtype/f32")
 def _dtypes(o: Oracle) -> None:
-    if not o.wants("domain/dtype/f32"):
-        return
     x = o.randn(2, 30, ATTN.C, tag="dtype-x")  # (2, 30, C) float64
     axes = ("dtype",)
     with torch.no_grad():
@@ -159,9 +155,8 @@ def _dtypes(o: Oracle) -> None:
           axes=axes, computes_in=torch.bfloat16)  # fmt: skip
 
 
+@OWN.axis("layout", "domain/layout/transposed")
 def _layout(o: Oracle) -> None:
-    if not o.wants("domain/layout/transposed"):
-        return
     attn = _attn(o, ATTN, "layout-w")
     inputs = {
         "transposed": o.randn(2, ATTN.C, 30, tag="layout-x").transpose(1, 2),  # (2, 30, C)
@@ -195,9 +190,8 @@ def _backward(attn: Any, x: torch.Tensor) -> dict[str, Any]:
     return {"out": y.detach(), "dx": z.grad, **{n: p.grad for n, p in attn.named_parameters()}}
 
 
+@OWN.axis("modes", "domain/modes/eval")
 def _modes(o: Oracle) -> None:
-    if not o.wants("domain/modes/eval"):
-        return
     attn = _attn(o, ATTN, "modes-w")
     x = o.randn(2, 30, ATTN.C, tag="modes-x")  # (2, 30, C)
     axes = ("modes",)
@@ -241,9 +235,8 @@ def _hvp(o: Oracle, attn: Any, x: torch.Tensor, tag: str) -> dict[str, Any]:
         return dict(sweeps.output_hvp(o, attn, x, tag, out="out", feed=lambda z: z * 1.0))
 
 
+@OWN.axis("grad2", "domain/grad2/attn")
 def _grad2(o: Oracle) -> None:
-    if not o.wants("domain/grad2/attn"):
-        return
     attn = _attn(o, ATTN, "grad2-w").train()
     x = 2.0 * o.randn(2, 17, ATTN.C, tag="grad2-x")  # (2, 17, C)
     name, fn = "domain/grad2/attn", partial(_hvp, o, attn, x, "grad2")
@@ -254,9 +247,8 @@ def _grad2(o: Oracle) -> None:
            axes=("grad2",), **fast.extra)  # fmt: skip
 
 
+@OWN.axis("history", "domain/history/long/eval")
 def _history(o: Oracle) -> None:
-    if not o.wants("domain/history/long/eval"):
-        return
     cfg = ModelConfig(V=2, T=8, C=8, H=2, dropout=0.0)
     attn = _attn(o, cfg, "hist-w").train()
     x = o.randn(2, 8, 8, tag="hist-x")  # (2, 8, 8)
@@ -287,26 +279,15 @@ def _history(o: Oracle) -> None:
     gpt = sweeps.model(o, TABLE, SMALL, "hist-gpt")
     fresh = sweeps.reloaded(TABLE, gpt, SMALL)
     ids = o.randint(SMALL.V, 2, 20, tag="hist-ids")  # (2, 20)
+    same = o.equal(("domain/history/reloaded", "out", ()), ("domain/history/saved", "out", ()))
+    pair = [  # the fresh model equal to the saved one (an invariant)
+        sweeps.Call("/reloaded", partial(fresh, ids), "fast GPT loaded from a saved state_dict, {}",
+                    {"relations": [same]}),
+        sweeps.Call("/saved", partial(gpt, ids), "the fast GPT that was saved, {}"),
+    ]  # fmt: skip
     with torch.no_grad():
-        o.call(
-            "domain/history/reloaded",
-            partial(fresh, ids),
-            stages=STAGES,
-            reduction=24,
-            desc="fast GPT loaded from a saved state_dict, f64 eval",
-            axes=("history",),
-            relations=[
-                o.equal(("domain/history/reloaded", "out", ()), ("domain/history/saved", "out", ()))
-            ],
-        )
-        o.call(
-            "domain/history/saved",
-            partial(gpt, ids),
-            stages=STAGES,
-            reduction=24,
-            desc="the fast GPT that was saved, f64 eval",
-            axes=("history",),
-        )
+        sweeps.judge(o, "domain/history", pair, "f64 eval", stages=STAGES, reduction=24,
+                     axes=("history",))  # fmt: skip
     other = _attn(o, dataclasses.replace(cfg, C=12, H=3, T=16), "hist-w2")
     sweeps.in_turn(
         o,
@@ -350,14 +331,7 @@ TABLE = sweeps.ModelSweep(
     label="fast GPT",
     part="gpt/",
     errors=_errors,
-    scenarios={
-        "magnitude": _magnitude,
-        "dtype": _dtypes,
-        "layout": _layout,
-        "modes": _modes,
-        "grad2": _grad2,
-        "history": _history,
-    },
+    scenarios=OWN,
 )
 
 

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 import kv_cache_oracle_domain
 import torch
+from speckit import model_sweeps as sweeps
 from speckit import sizes
 
 from niels_gpt.config import ModelConfig
@@ -184,22 +185,10 @@ def _generate(o: Oracle) -> None:
         if long:  # sampled (a greedy random model may repeat one token) and traced
             knobs.update(temperature=1.0, top_k=None, top_p=None, eos_id=None, trace_layer=1)
         about = ", ".join(f"{k}={v}" for k, v in knobs.items() if k != "generator")
-        o.call(
-            f"generate/{i}",
-            partial(generate, gpt, prompt, new, **knobs),
-            desc=f"generate V={cfg.V} B={b} t={t} new={new} {about}",
-            stages=16,
-            reduction=cfg.T,
-            rules=GENERATE,
-        )
-        with torch.no_grad():  # generate hands the model back as it found it
-            o.call(
-                f"generate/{i}/after",
-                partial(gpt, prompt),
-                desc=f"the model's own forward after generate/{i}",
-                stages=16,
-                reduction=cfg.T,
-            )
+        run = partial(generate, gpt, prompt, new, **knobs)
+        desc = f"generate V={cfg.V} B={b} t={t} new={new} {about}"
+        sweeps.handed_back(o, f"generate/{i}", run, gpt, prompt, desc=desc, stages=16,
+                           reduction=cfg.T, rules=GENERATE)  # fmt: skip
 
 
 def _filters_and_bad(o: Oracle) -> None:
@@ -239,25 +228,15 @@ def _filters_and_bad(o: Oracle) -> None:
     }
     for what, fn in cases.items():
         o.call(f"bad/{what}", fn, desc=f"bad argument: {what}", stages=1, reduction=1, axes=ERRORS)
+    chunks = {  # bad cached chunks, after a prompt of 4 in a cache for one row
+        "past-T": ("a cached chunk past cfg.T", torch.zeros(1, 5, dtype=torch.int64)),
+        "batch-mismatch": ("a cached chunk of another batch", torch.zeros(2, 1, dtype=torch.int64)),
+    }
     use_kv_cache(gpt, 1)
     with torch.no_grad():
         gpt(prompt)
-        o.call(
-            "bad/past-T",
-            partial(gpt, torch.zeros(1, 5, dtype=torch.int64)),
-            desc="a cached chunk past cfg.T",
-            stages=1,
-            reduction=1,
-            axes=ERRORS,
-        )
-        o.call(
-            "bad/batch-mismatch",
-            partial(gpt, torch.zeros(2, 1, dtype=torch.int64)),
-            desc="a cached chunk of another batch",
-            stages=1,
-            reduction=1,
-            axes=ERRORS,
-        )
+        for what, (desc, z) in chunks.items():
+            o.call(f"bad/{what}", partial(gpt, z), desc=desc, stages=1, reduction=1, axes=ERRORS)
 
 
 def _sweep(gpt: GPT, ids: torch.Tensor, n: int, start: int) -> dict[str, torch.Tensor]:
@@ -293,29 +272,18 @@ def _combos(o: Oracle) -> None:
             kind = "fast" if fast else "explicit"
             with torch.no_grad():
                 for start, stop in SPANS:
-                    full = f"combos/{short}/{kind}/{start}"
+                    full, z = f"combos/{short}/{kind}/{start}", ids[:, :stop]  # z: (2, stop)
                     o.call(
                         full,
-                        partial(gpt, ids[:, :stop]),
+                        partial(gpt, z),
                         desc=f"{short} {kind} uncached, {stop} columns",
                         stages=9,
                         reduction=max(48, stop),
                         axes=COMBOS,
                     )
-                    for n in range(1, CHUNK + 1):
-                        name = f"{full}/n={n}"
-                        o.call(
-                            name,
-                            partial(_sweep, gpt, ids[:, :stop], n, start),
-                            desc=f"{short} {kind} cached chunks of {n} from column {start}..",
-                            stages=9,
-                            reduction=max(48, stop),
-                            axes=COMBOS,
-                            relations=[
-                                o.equal((name, f"o{j}", ()), (full, "out", ((1, start, stop),)))
-                                for j in range(n)
-                            ],
-                        )
+                    sweeps.chunk_sweep(o, full, partial(_sweep, gpt, z), (start, stop), CHUNK,
+                                       f"{short} {kind}", stages=9, reduction=max(48, stop),
+                                       axes=COMBOS)  # fmt: skip
             for t, new in ((2, 42), (300, 20)):
                 for sampled in (False, True):
                     tag = f"combos/{short}/gen-t={t}/{'sampled' if sampled else 'greedy'}"

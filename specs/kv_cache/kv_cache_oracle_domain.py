@@ -58,6 +58,7 @@ GENERATE_CALLS = 600
 RESETS = 100
 SMALL = ModelConfig(V=13, T=24, C=16, L=2, H=2, d_ff=24, dropout=0.0)
 STAGES = sweeps.depth(SMALL)
+OWN = sweeps.Scenarios()  # the stage's own scenarios by axis, run after the table's
 GEN = ("no-cat-in-generate",)
 SIZES = (3, 1, 5)  # the chunks a cached forward feeds, cycled
 
@@ -101,9 +102,8 @@ def _generate(o: Oracle, name: str, gpt: GPT, ids: torch.Tensor, key: str) -> An
     return sweeps.Call("/generate", fn, f"generate {what}, {{}}", {"rules": GEN})
 
 
+@OWN.axis("magnitude", "domain/magnitude/filter/s=1/top_k")
 def _filter_magnitude(o: Oracle) -> None:
-    if not o.wants("domain/magnitude/filter/s=1/top_k"):
-        return
     logits = o.randn(3, 40, tag="mag-logits")  # (3, 40)
     for s in LOGIT_SCALES:
         choices: tuple[dict[str, Any], ...] = (
@@ -121,6 +121,7 @@ def _filter_magnitude(o: Oracle) -> None:
             )
 
 
+@OWN.axis("dtype")
 def _generate_dtypes(o: Oracle) -> None:
     ids = o.randint(SMALL.V, 2, 20, tag="dtype-ids")  # (2, 20)
     for dtype, short in ((torch.float16, "f16"), (torch.bfloat16, "bf16")):
@@ -139,9 +140,8 @@ def _generate_dtypes(o: Oracle) -> None:
         )
 
 
+@OWN.axis("layout", "domain/layout/prompt-transposed")
 def _layout(o: Oracle) -> None:
-    if not o.wants("domain/layout/prompt-transposed"):
-        return
     gpt = sweeps.model(o, TABLE, SMALL, "layout-w")
     prompt = o.randint(SMALL.V, 6, 2, tag="layout-prompt").t()  # (2, 6), non-contiguous
     ids = o.randint(SMALL.V, 2, 40, tag="layout-ids")[:, ::2]  # (2, 20), strided
@@ -182,10 +182,9 @@ def _grad_run(gpt: GPT, ids: torch.Tensor, split: int) -> dict[str, Any]:
     return {"y": y.detach(), **{n: p.grad for n, p in gpt.named_parameters()}}
 
 
+@OWN.axis("modes", "domain/modes/train", "domain/modes/train-generate",
+          "domain/modes/enable_grad", "domain/modes/enable_grad-generate")  # fmt: skip
 def _modes(o: Oracle) -> None:
-    own = ("train", "train-generate", "enable_grad", "enable_grad-generate")
-    if not any(o.wants(f"domain/modes/{mode}") for mode in own):
-        return
     gpt = sweeps.model(o, TABLE, TABLE.modes_config or TABLE.small, "modes-w").train()
     ids = o.randint(SMALL.V, 2, 20, tag="modes-ids")  # (2, 20)
     with torch.no_grad():
@@ -206,19 +205,9 @@ def _modes(o: Oracle) -> None:
             rules=GEN,
             axes=("modes",),
         )
-
-        def enabled() -> Any:
-            with torch.enable_grad():
-                return _grad_run(gpt.eval(), ids, 9)
-
-        o.call(
-            "domain/modes/enable_grad",
-            enabled,
-            desc="f64 eval, enable_grad inside no_grad: prefill 9, then 11 cached with backward",
-            stages=2 * STAGES,
-            reduction=40,
-            axes=("modes",),
-        )
+        sweeps.enable_grad(o, lambda: _grad_run(gpt.eval(), ids, 9), "f64 eval, enable_grad inside "
+                           "no_grad: prefill 9, then 11 cached with backward", stages=2 * STAGES,
+                           reduction=40)  # fmt: skip
 
         def generate_grad() -> Any:
             with torch.enable_grad():
@@ -245,9 +234,8 @@ def _prefilled(gpt: GPT, ids: torch.Tensor, split: int) -> torch.Tensor:
     return logits
 
 
+@OWN.axis("grad2", "domain/grad2/cached-loss")
 def _grad2(o: Oracle) -> None:
-    if not o.wants("domain/grad2/cached-loss"):
-        return
     gpt = sweeps.model(o, TABLE, SMALL, "grad2-w").train()
     ids = o.randint(SMALL.V, 2, 16, tag="grad2-ids")  # (2, 16)
     o.call(
@@ -260,9 +248,8 @@ def _grad2(o: Oracle) -> None:
     )
 
 
+@OWN.axis("history", "domain/history/long/generate")
 def _history(o: Oracle) -> None:
-    if not o.wants("domain/history/long/generate"):
-        return
     cfg = ModelConfig(V=7, T=12, C=8, L=1, H=2, d_ff=8, dropout=0.0)
     gpt = sweeps.model(o, TABLE, cfg, "hist-w")
     prompt = o.randint(cfg.V, 2, 3, tag="hist-prompt")  # (2, 3)
@@ -360,6 +347,7 @@ def _errors(o: Oracle) -> dict[str, Any]:
     }
 
 
+@OWN.axis("errors")
 def _cache_errors(o: Oracle) -> None:
     gpt = sweeps.model(o, TABLE, ERRORS_CFG, "errors-w", torch.float32)
     ok = torch.zeros(2, 3, dtype=torch.int64)  # (2, 3)
@@ -389,15 +377,7 @@ TABLE = sweeps.ModelSweep(
     modes_config=dataclasses.replace(SMALL, dropout=0.2),
     after=_generate,
     errors=_errors,
-    scenarios={
-        "magnitude": _filter_magnitude,
-        "dtype": _generate_dtypes,
-        "layout": _layout,
-        "modes": _modes,
-        "grad2": _grad2,
-        "history": _history,
-        "errors": _cache_errors,
-    },
+    scenarios=OWN,
 )
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from typing import Any
 
 import torch
 from speckit import acceptance as speckit
@@ -37,6 +38,8 @@ Record = Callable[[], AbstractContextManager[None]]
 # Small, with non-default knobs; T leaves room for the steps below.
 CFG = ModelConfig(V=61, T=24, C=32, L=2, H=4, d_ff=40, dropout=0.1, rope_theta=500.0)
 BATCH, PROMPT, STEPS = 2, 5, 6
+EVERY_KNOB: dict[str, Any] = {"temperature": 0.9, "top_k": 20, "top_p": 0.95, "eos_id": 3,
+                              "trace_layer": 1}  # fmt: skip
 
 
 def _models(device: torch.device) -> list[GPT]:
@@ -88,15 +91,5 @@ def generate_run(device: torch.device, record: Record) -> None:
     steps = CFG.T - PROMPT
     with speckit.recording_around_rope(record):
         for model in models:
-            generate(
-                model,
-                prompt,
-                steps,
-                temperature=0.9,
-                top_k=20,
-                top_p=0.95,
-                eos_id=3,
-                generator=gen,
-                trace_layer=1,
-            )
+            generate(model, prompt, steps, generator=gen, **EVERY_KNOB)
             generate(model, prompt, steps, temperature=0.0)

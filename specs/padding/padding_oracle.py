@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import padding_oracle_domain
 import torch
+from speckit import model_sweeps as sweeps
 from speckit import sizes
 
 import niels_gpt.model.rope as rope
@@ -131,34 +132,17 @@ def _forward(o: Oracle, i: int) -> None:
             rules=rules,
             relations=alone,
         )
-    if cfg.dropout > 0.0:
+    if cfg.dropout > 0.0:  # in training, later ids redrawn leave the earlier logits alone
         gpt.train()
-        o.call(
-            f"{name}/train",
-            partial(padded_forward, gpt, ids, mask),
-            desc=f"{about} train",
-            stages=stages,
-            reduction=d,
-            rules=rules,
-            compare=(),
-        )
+        judged = partial(o.call, stages=stages, reduction=d, rules=rules, compare=())
+        judged(f"{name}/train", partial(padded_forward, gpt, ids, mask), desc=f"{about} train")
         later = ids.clone()  # (B, t)
         cut = r.randint(1, t) if t > 1 else 1
         later[:, cut:] = o.randint(cfg.V, b, t - cut, tag=f"{name}-later")
-        same = o.equal(
-            (f"{name}/train", "out", ((1, 0, cut),)),
-            (f"{name}/train-future", "out", ((1, 0, cut),)),
-        )
-        o.call(
-            f"{name}/train-future",
-            partial(padded_forward, gpt, later, mask),
-            desc=f"{about} train, ids {cut}.. redrawn",
-            stages=stages,
-            reduction=d,
-            rules=rules,
-            compare=(),
-            relations=[same],
-        )
+        before = ((1, 0, cut),)  # the logits before the cut
+        same = o.equal((f"{name}/train", "out", before), (f"{name}/train-future", "out", before))
+        judged(f"{name}/train-future", partial(padded_forward, gpt, later, mask),
+               desc=f"{about} train, ids {cut}.. redrawn", relations=[same])  # fmt: skip
 
 
 def _loss(o: Oracle) -> None:
@@ -205,22 +189,10 @@ def _generate(o: Oracle) -> None:
         }
         new = r.randint(0, cfg.T - t)
         rules = ("no-sdpa-in-generate", "no-cat-in-generate") if any(pads) else ()
-        o.call(
-            f"generate/{i}",
-            partial(generate, gpt, prompt, _mask(pads, t), new, **knobs),
-            desc=f"padded generate B={b} t={t} pads={pads} new={new} per_row={per_row}",
-            stages=16,
-            reduction=cfg.T,
-            rules=rules,
-        )
-        with torch.no_grad():  # the model is handed back as it was found
-            o.call(
-                f"generate/{i}/after",
-                partial(gpt, prompt),
-                desc=f"the model's own forward after generate/{i}",
-                stages=16,
-                reduction=cfg.T,
-            )
+        run = partial(generate, gpt, prompt, _mask(pads, t), new, **knobs)
+        desc = f"padded generate B={b} t={t} pads={pads} new={new} per_row={per_row}"
+        sweeps.handed_back(o, f"generate/{i}", run, gpt, prompt, desc=desc, stages=16,
+                           reduction=cfg.T, rules=rules)  # fmt: skip
 
 
 def _rows_and_bad(o: Oracle) -> None:

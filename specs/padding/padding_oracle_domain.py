@@ -57,6 +57,7 @@ TRAINING_CALLS = 250
 GENERATE_CALLS = 60
 SMALL = ModelConfig(V=13, T=24, C=16, L=2, H=2, d_ff=24, dropout=0.0)
 STAGES = sweeps.depth(SMALL)
+OWN = sweeps.Scenarios()  # the stage's own scenarios by axis, run after the table's
 PADS = (0, 7, 19)  # none, some, all but one of 20 columns
 FWD = ("no-sdpa-runtime",)
 GEN = ("no-sdpa-in-generate", "no-cat-in-generate")
@@ -116,9 +117,8 @@ def _loss(logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> di
     return {"loss": loss.detach(), "grad": z.grad}
 
 
+@OWN.axis("magnitude", "domain/magnitude/loss/float64/s=1")
 def _loss_magnitude(o: Oracle) -> None:
-    if not o.wants("domain/magnitude/loss/float64/s=1"):
-        return
     logits = 3.0 * o.randn(3, 9, 40, tag="mag-logits")  # (3, 9, 40)
     targets = o.randint(40, 3, 9, tag="mag-targets")  # (3, 9)
     mask = _mask((0, 4, 8), 9)  # (3, 9)
@@ -135,9 +135,8 @@ def _loss_magnitude(o: Oracle) -> None:
             )
 
 
+@OWN.axis("dtype", "domain/dtype/bf16/generate")
 def _generate_bf16(o: Oracle) -> None:
-    if not o.wants("domain/dtype/bf16/generate"):
-        return
     ids = o.randint(SMALL.V, 3, 20, tag="dtype-ids")  # (3, 20)
     gpt = sweeps.model(o, TABLE, SMALL, "dtype-w", torch.bfloat16)
     prompt, mask = ids[:, :8], _mask((0, 3, 7), 8)  # (3, 8) each
@@ -153,9 +152,8 @@ def _generate_bf16(o: Oracle) -> None:
     )
 
 
+@OWN.axis("layout", "domain/layout/ids-mask-transposed")
 def _layout(o: Oracle) -> None:
-    if not o.wants("domain/layout/ids-mask-transposed"):
-        return
     gpt = sweeps.model(o, TABLE, SMALL, "layout-w")
     ids = o.randint(SMALL.V, 20, 3, tag="layout-ids").t()  # (3, 20), non-contiguous
     mask = _mask(PADS, 20).t().contiguous().t()  # (3, 20), non-contiguous
@@ -220,10 +218,9 @@ def _train_loss(gpt: GPT, ids: torch.Tensor, targets: torch.Tensor, mask: torch.
     return {"loss": loss.detach(), **{n: p.grad for n, p in gpt.named_parameters()}}
 
 
+@OWN.axis("modes", "domain/modes/train-dropout", "domain/modes/train-generate",
+          "domain/modes/enable_grad")  # fmt: skip
 def _modes(o: Oracle) -> None:
-    own = ("train-dropout", "train-generate", "enable_grad")
-    if not any(o.wants(f"domain/modes/{mode}") for mode in own):
-        return
     gpt = sweeps.model(o, TABLE, SMALL, "modes-w").train()  # dropout 0: nothing random
     ids = o.randint(SMALL.V, 3, 20, tag="modes-ids")  # (3, 20)
     targets = o.randint(SMALL.V, 3, 20, tag="modes-targets")  # (3, 20)
@@ -252,19 +249,9 @@ def _modes(o: Oracle) -> None:
             rules=GEN,
             axes=("modes",),
         )
-
-        def enabled() -> Any:
-            with torch.enable_grad():
-                return _train_loss(gpt.eval(), ids, targets, _mask(PADS, 20))
-
-        o.call(
-            "domain/modes/enable_grad",
-            enabled,
-            desc="f64 eval, enable_grad inside no_grad: padded loss, backward",
-            stages=2 * STAGES,
-            reduction=40,
-            axes=("modes",),
-        )
+        sweeps.enable_grad(o, lambda: _train_loss(gpt.eval(), ids, targets, _mask(PADS, 20)),
+                           "f64 eval, enable_grad inside no_grad: padded loss, backward",
+                           stages=2 * STAGES, reduction=40)  # fmt: skip
 
 
 def _hvp(o: Oracle, gpt: GPT, ids: torch.Tensor, mask: torch.Tensor) -> dict[str, Any]:
@@ -283,9 +270,8 @@ def _hvp(o: Oracle, gpt: GPT, ids: torch.Tensor, mask: torch.Tensor) -> dict[str
     return out
 
 
+@OWN.axis("grad2", "domain/grad2/padded-loss")
 def _grad2(o: Oracle) -> None:
-    if not o.wants("domain/grad2/padded-loss"):
-        return
     gpt = sweeps.model(o, TABLE, SMALL, "grad2-w").train()
     ids = o.randint(SMALL.V, 3, 14, tag="grad2-ids")  # (3, 14)
     o.call(
@@ -298,9 +284,8 @@ def _grad2(o: Oracle) -> None:
     )
 
 
+@OWN.axis("history", "domain/history/long")
 def _history(o: Oracle) -> None:
-    if not o.wants("domain/history/long"):
-        return
     cfg = ModelConfig(V=7, T=12, C=8, L=1, H=2, d_ff=8, dropout=0.0)
     gpt = sweeps.model(o, TABLE, cfg, "hist-w").train()
     ids = o.randint(cfg.V, 3, 10, tag="hist-ids")  # (3, 10)
@@ -419,14 +404,7 @@ TABLE = sweeps.ModelSweep(
     modes=("eval", "no_grad", "inference_mode", "train"),
     after=_generate,
     errors=_errors,
-    scenarios={
-        "magnitude": _loss_magnitude,
-        "dtype": _generate_bf16,
-        "layout": _layout,
-        "modes": _modes,
-        "grad2": _grad2,
-        "history": _history,
-    },
+    scenarios=OWN,
 )
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from typing import Any
 
 import torch
 from speckit import acceptance as speckit
@@ -41,6 +42,8 @@ Record = Callable[[], AbstractContextManager[None]]
 CFG = ModelConfig(V=61, T=24, C=32, L=2, H=4, d_ff=40, dropout=0.1, rope_theta=500.0)
 PADS, PROMPT = [0, 3, 5], 7  # generation: every row keeps a real token
 FORWARD_PADS = [0, 3, 5, PROMPT]  # the forward batches: the last row is all padding
+EVERY_KNOB: dict[str, Any] = {"temperature": 0.9, "top_k": 20, "top_p": 0.95, "eos_id": 3,
+                              "trace_layer": 1}  # fmt: skip
 
 
 def _models(device: torch.device) -> list[GPT]:
@@ -100,17 +103,6 @@ def padded_generate(device: torch.device, record: Record) -> None:
         gen = torch.Generator(device=device).manual_seed(2)
         gens = [torch.Generator(device=device).manual_seed(3 + b) for b in range(len(PADS))]
         with speckit.recording_around_rope(record):
-            generate(
-                model,
-                ids,
-                mask,
-                steps,
-                temperature=0.9,
-                top_k=20,
-                top_p=0.95,
-                eos_id=3,
-                generator=gen,
-                trace_layer=1,
-            )
+            generate(model, ids, mask, steps, generator=gen, **EVERY_KNOB)
             generate(model, ids, mask, steps, temperature=0.0)
             generate(model, ids, mask, steps, temperature=1.1, top_p=0.8, generator=gens)

@@ -19,7 +19,11 @@ forward (a generate call), the bad calls. The table's calls:
 
 The helpers here (the model builder, the bounds, a cross-entropy's
 Hessian-vector products, a causality pair, a reloaded model, two models in
-turn) are for the stages' own scenarios too. The general helpers (scales,
+turn, a module's magnitude sweep, a backward under ``enable_grad``, a call
+that must hand its model back, a cache fed in chunks of every size against
+an uncached call) are for
+the stages' own scenarios and calls too; a stage enters each scenario in its
+table's ``Scenarios`` where it defines it. The general helpers (scales,
 config fields, warm-up, modes, errors) are ``sweeps``'s, imported here and
 bound to module-level names. Like ``sweeps``, this module imports torch and
 nothing else at run time (a stage's classes come in through the table).
@@ -29,7 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import io
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -57,6 +61,31 @@ class Call(NamedTuple):
     fn: Callable[[], Any]
     says: str = "{}"
     extra: Mapping[str, Any] = {}
+
+
+# A stage's own scenario of one axis: ``scenario(o)`` makes its calls.
+Scenario = Callable[["Oracle"], None]
+
+
+class Scenarios(dict[str, Scenario]):
+    """A stage's own scenarios by axis (``ModelSweep.scenarios``), each entered where it is
+    defined: ``OWN = Scenarios()``, then ``@OWN.axis("dtype", "domain/dtype/x")`` above
+    the dtype scenario."""
+
+    def axis(self, axis: str, *wanted: str) -> Callable[[Scenario], Scenario]:
+        """A decorator entering its function as the scenario of ``axis``, run only where this
+        worker computes one of the calls ``wanted`` (always, when none is named): nothing
+        of the scenario is built for calls another worker makes."""
+
+        def enter(scenario: Scenario) -> Scenario:
+            def guarded(o: Oracle) -> None:
+                if not wanted or any(o.wants(name) for name in wanted):
+                    scenario(o)
+
+            self[axis] = guarded
+            return scenario
+
+        return enter
 
 
 # The calls of one forward under ``name``: ``forward(o, name, model, ids)``, ``ids`` (B, t).
@@ -120,7 +149,7 @@ class ModelSweep(NamedTuple):
     modes_config: ModelConfig | None = None
     after: After | None = None
     errors: Callable[[Oracle], Mapping[str, Callable[[], Any]]] | None = None
-    scenarios: Mapping[str, Callable[[Oracle], None]] = {}
+    scenarios: Mapping[str, Scenario] = {}
 
 
 def model(
@@ -152,6 +181,32 @@ def gpt_bound(gpt: Any, ids: torch.Tensor) -> int:
             top = max(top, score_bound(block.attn, block.ln1(h)))
             h = block(h)  # (B, t, C)
     return top
+
+
+def scaled(
+    o: Oracle, build: Callable[[], torch.nn.Module], x0: torch.Tensor, tag: str
+) -> Iterator[tuple[float, Any, torch.Tensor]]:
+    """A module's magnitude sweep on ``x0`` (B, T, C): for each scale ``s`` of ``SCALES``, a
+    fresh float64 ``build()`` in eval mode, its weights drawn as ``tag`` times ``s / sqrt(C)``
+    (weights x s), and ``s * x0``: inputs and weights scaled by the same factor."""
+    for s in SCALES:
+        module = build().double().eval()
+        o.load_weights(module, tag, scale=s / x0.shape[-1] ** 0.5)  # weights x s
+        yield s, module, s * x0  # (B, T, C)
+
+
+def enable_grad(
+    o: Oracle, run: Callable[[], Any], desc: str, *, stages: int, reduction: int
+) -> None:
+    """``run()`` (a backward) under ``enable_grad`` inside ``no_grad``, as
+    ``domain/modes/enable_grad``: gradients switched back on where a caller had them off."""
+
+    def enabled() -> Any:
+        with torch.no_grad(), torch.enable_grad():
+            return run()
+
+    o.call("domain/modes/enable_grad", enabled, desc=desc, stages=stages, reduction=reduction,
+           axes=("modes",))  # fmt: skip
 
 
 def wants(o: Oracle, s: ModelSweep, name: str) -> bool:
@@ -190,6 +245,41 @@ def causal_pair(
     for i, rel in ((0, ()), (1, (same,))):
         o.call(names[i], calls[i], desc=desc[i], stages=stages, reduction=reduction,
                relations=rel, compare=compare, axes=axes)  # fmt: skip
+
+
+def handed_back(
+    o: Oracle, name: str, run: Callable[[], Any], gpt: Any, ids: torch.Tensor, *, desc: str,
+    stages: int, reduction: int, rules: Sequence[str] = (),
+) -> None:  # fmt: skip
+    """``run()`` under ``name`` (a ``generate`` call, say), then ``gpt``'s own forward on
+    ``ids`` (B, t) under ``name/after``, compared with the base's: the call must hand the
+    model back as it found it."""
+    o.call(name, run, desc=desc, stages=stages, reduction=reduction, rules=rules)
+    with torch.no_grad():
+        o.call(f"{name}/after", partial(gpt, ids), desc=f"the model's own forward after {name}",
+               stages=stages, reduction=reduction)  # fmt: skip
+
+
+def chunk_sweep(
+    o: Oracle, full: str, chunked: Callable[..., Any], span: tuple[int, int], most: int,
+    about: str, *, stages: int, reduction: int, axes: tuple[str, ...],
+) -> None:  # fmt: skip
+    """A cache fed in chunks of every size, against the stage's uncached call ``full``.
+
+    ``full`` ran columns ``0 .. stop`` uncached (the stage makes it, with the axis
+    literal ``oracle.coverage`` reads); for each ``n`` in ``1 .. most``,
+    ``chunked(n, start)`` under ``full/n=<n>`` runs them through a cache, from each
+    first column ``start + j`` (``j < n``) in chunks of ``n``, and answers ``o<j>``:
+    its outputs of columns ``start .. stop``, each equal to ``full``'s (invariants).
+    ``(start, stop)`` is ``span``; ``about`` heads the descriptions.
+    """
+    start, stop = span
+    for n in range(1, most + 1):
+        name = f"{full}/n={n}"
+        same = [o.equal((name, f"o{j}", ()), (full, "out", ((1, start, stop),))) for j in range(n)]
+        o.call(name, partial(chunked, n, start), desc=f"{about} cached chunks of {n} from column "
+               f"{start}..", stages=stages, reduction=reduction, relations=same,
+               axes=axes)  # fmt: skip
 
 
 def reloaded(s: ModelSweep, built: torch.nn.Module, cfg: ModelConfig) -> Any:
