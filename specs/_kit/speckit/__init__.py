@@ -9,6 +9,10 @@ that needs the torch-only sweeps brings no test library and no stage in):
 - ``sweeps``: the oracle drivers' general sweeps (torch only at run time);
 - ``module_sweeps``: a ``(B, T, C)`` module's whole domain sweep, a table
   (``ModuleSweep``) a stage fills in; it imports ``sweeps``;
+- ``module_calls``: ``Sized``, ``o.call`` with the sizing keywords a group of
+  a driver's calls shares;
+- ``module_runtime``: a module driven through every mode for the runtime
+  rules' probe;
 - ``model_sweeps``: a whole model's domain sweep, the ``ModelSweep`` table the
   model stages fill in; it imports ``sweeps``;
 - ``sizes``: the ``size`` axis, a real model's sizes (GPT-2 small's) and one
