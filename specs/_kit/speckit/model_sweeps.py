@@ -32,10 +32,11 @@ nothing else at run time (a stage's classes come in through the table).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from functools import partial
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -52,7 +53,8 @@ hessian_vector, errors, modes = kit.hessian_vector, kit.errors, kit.modes
 LENGTH = 20  # the tokens of every swept forward but config's
 
 
-class Call(NamedTuple):
+@dataclasses.dataclass(frozen=True)
+class Call:
     """One call of a forward under a name: the name's tail, what it runs, its description
     (``says``, formatted with the sweep's) and what else ``o.call`` takes (``rules``,
     ``relations``, ``compare``). The sweep gives the bound and the axis."""
@@ -60,7 +62,7 @@ class Call(NamedTuple):
     tail: str
     fn: Callable[[], Any]
     says: str = "{}"
-    extra: Mapping[str, Any] = {}
+    extra: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
 # A stage's own scenario of one axis: ``scenario(o)`` makes its calls.
@@ -116,7 +118,8 @@ def judge(
                reduction=reduction, axes=axes, computes_in=computes_in, **c.extra)  # fmt: skip
 
 
-class ModelSweep(NamedTuple):
+@dataclasses.dataclass(frozen=True)
+class ModelSweep:
     """A model stage's table: what its sweeps call and how (see the module docstring).
 
     ``build(cfg)`` makes the model (weights drawn after, dtype set, eval mode);
@@ -131,8 +134,7 @@ class ModelSweep(NamedTuple):
     in, on ``modes_config`` (default ``small``); ``after`` follows each
     magnitude and config forward; ``errors(o)`` the bad calls by name;
     ``scenarios``: the stage's own calls, per axis, run after the table's.
-    Built by keyword; still a named tuple, as when the kit was loaded by path
-    (making it a dataclass edits a class of the model stages' evidence).
+    Built by keyword.
     """
 
     build: Callable[[ModelConfig], torch.nn.Module]
@@ -144,12 +146,14 @@ class ModelSweep(NamedTuple):
     reduction: int = 24
     label: str = "GPT"
     part: str = ""
-    dtypes: Mapping[str, tuple[torch.dtype, torch.dtype | None]] = {}
+    dtypes: Mapping[str, tuple[torch.dtype, torch.dtype | None]] = dataclasses.field(
+        default_factory=dict
+    )
     modes: tuple[str, ...] = ()
     modes_config: ModelConfig | None = None
     after: After | None = None
     errors: Callable[[Oracle], Mapping[str, Callable[[], Any]]] | None = None
-    scenarios: Mapping[str, Scenario] = {}
+    scenarios: Mapping[str, Scenario] = dataclasses.field(default_factory=dict)
 
 
 def model(

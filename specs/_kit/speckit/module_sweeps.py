@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import io
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -40,7 +41,8 @@ if TYPE_CHECKING:
     from niels_gpt_contracts.driverkit import Oracle
 
 
-class ModuleSweep(NamedTuple):
+@dataclass(frozen=True)
+class ModuleSweep:
     """A module from ``(B, T, C)`` to ``(B, T, C)`` that can return its probabilities.
 
     ``build(cfg)`` makes one in float32 (weights are drawn after); ``small`` is the
@@ -49,8 +51,7 @@ class ModuleSweep(NamedTuple):
     ``" d_ff=40"``); ``history``: the configs of the long run and of the second
     module called in turn; ``fields``: each field moved away from ``small``;
     ``score_bound(module, x)``: an upper bound of the attention scores' size.
-    Built by keyword; still a named tuple, as when the kit was loaded by path
-    (making it a dataclass edits a class of attention's and block's evidence).
+    Built by keyword.
     """
 
     build: Callable[[ModelConfig], torch.nn.Module]
