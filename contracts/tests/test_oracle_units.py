@@ -228,3 +228,39 @@ def test_a_broken_invariant_is_read_before_the_differences_it_causes() -> None:
         "oracle.invariant", "oracle.side-effect", "oracle.differs", "oracle.differs"
     ]  # fmt: skip
     assert owners == ["attention", "block", "attention", "block"]
+
+
+def test_an_invariant_or_runtime_rule_broken_on_the_pr_is_one_row_not_one_per_stream() -> None:
+    """The base's and the float64 reference's streams come from one driver and declare
+    the same invariants and watched calls; a verdict compares the PR's answers with both,
+    and each broken promise is still one row (and each invariant counted once)."""
+    from pathlib import Path
+
+    from niels_gpt_contracts.checks.context.loading import load_specs
+    from niels_gpt_contracts.gitdiff import GitRepo, WorkingTree
+    from niels_gpt_contracts.sandbox.oracle_run import Call, Output
+    from niels_gpt_contracts.verdict.oracle_compare import Judge
+
+    spec = load_specs(WorkingTree(GitRepo(Path(__file__).resolve().parents[2])))["attention"]
+    watched = next(r for r in spec.rules if r.runtime)
+    zero = {"kind": "zero", "lhs": ["c", "out", []]}
+
+    def answer(out: list[float]) -> Call:
+        return Call(
+            "attention", "c", "d", 1, 1, (watched.id,), (zero,), None, None, None, "",
+            {}, (), {"out": Output("float64", np.array(out))},
+        )  # fmt: skip
+
+    head, base, ref = Stream("head"), Stream("base"), Stream("ref")
+    head.calls[("attention", "c")] = answer([0.0, 3.0])  # not zero on the PR's code
+    head.ops["attention"] = {"c": ("aten::scaled_dot_product_attention",)}
+    for trusted in (base, ref):
+        trusted.calls[("attention", "c")] = answer([0.0, 0.0])
+    j = Judge("attention", "oracle:cpu")
+    for trusted in (base, ref):  # as verdict.oracle._decide judges a stage with both
+        j.stage(spec, head, trusted, exact=trusted is ref, what="differs")
+        j.runtime(spec, head, trusted)
+    rules = [v.rule for v in j.found]
+    assert rules.count("oracle.invariant") == 1, rules
+    assert rules.count(watched.rule_id) == 1, rules
+    assert j.relations == 1

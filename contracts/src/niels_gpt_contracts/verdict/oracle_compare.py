@@ -13,6 +13,7 @@ reporters escape them.
 from __future__ import annotations
 
 import fnmatch
+import json
 from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
 from typing import Any
@@ -50,7 +51,9 @@ class Judge:
         self.found: list[Violation] = []
         self.owners: list[str] = []  # the stage each of ``found`` is about
         self.compared = 0
-        self.relations = 0
+        self.relations = 0  # invariants checked, each once
+        self.checked: set[tuple[str, str, str]] = set()  # (stage, call, relation) checked
+        self.refused: set[tuple[str, str]] = set()  # (stage, runtime rule) already reported
         self.failed: list[explain.Failed] = []  # every call that differed, for the reproducer
 
     def add(self, spec: Spec, rule: str, message: str, *, line: int | None = None) -> None:
@@ -92,7 +95,8 @@ class Judge:
     ) -> None:
         """Every call of ``spec``'s stage that ``ref`` answered (less those named in
         ``skip``), against ``head``'s answer, then the invariants ``ref``'s driver
-        declared, on ``head``'s answers."""
+        declared, on ``head``'s answers (those an earlier ``stage`` call of this
+        judge checked are not checked again)."""
         before = len(self.found)
         if spec.id in head.driver_errors:
             self.add(
@@ -116,11 +120,18 @@ class Judge:
                 words = explain.differs(name, want.desc, got, want, exact=exact)
                 msg = f"{words}: call {name} ({want.desc}) {what}: {problem}"
                 self.add(spec, ORACLE_DIFFERS.id, msg)
-        before = len(self.found)  # invariants have their own budget: they say what broke
+        # Invariants have their own budget: they say what broke. An invariant is a
+        # property of the PR's answers alone; the base's and the reference's streams
+        # come from one driver and declare the same ones, so each is checked once.
+        before = len(self.found)
         for want in (c for (s, _), c in ref.calls.items() if s == spec.id):
             for relation in want.relations:
                 if len(self.found) - before >= MAX_PER_STAGE:
                     break
+                key = (spec.id, want.name, json.dumps(relation, sort_keys=True, default=str))
+                if key in self.checked:
+                    continue
+                self.checked.add(key)
                 self.relations += 1
                 problem = _relation(relation, head, spec.id, want)
                 if problem:
@@ -129,8 +140,11 @@ class Judge:
                     self.add(spec, ORACLE_INVARIANT.id, f"{words}: {where}: {problem}")
 
     def runtime(self, spec: Spec, head: Stream, ref: Stream) -> None:
-        """``spec``'s runtime rules on the ops of ``head``'s calls that ``ref`` marked watched."""
+        """``spec``'s runtime rules on the ops of ``head``'s calls that ``ref`` marked watched;
+        a rule already reported for ``spec`` (from another trusted stream) is not again."""
         for rule in (r for r in spec.rules if r.runtime):
+            if (spec.id, rule.rule_id) in self.refused:
+                continue
             patterns = list(rule.params["ops"])
             for (stage, name), want in ref.calls.items():
                 if stage != spec.id or rule.id not in want.rules:
@@ -142,6 +156,7 @@ class Judge:
                 if ops is None:
                     msg = f"call {name}: no ops recorded for this watched call [{rule.message}]"
                     self.add(spec, rule.rule_id, msg, line=rule.line)
+                    self.refused.add((spec.id, rule.rule_id))
                     break
                 hits = sorted(o for o in ops if any(fnmatch.fnmatchcase(o, p) for p in patterns))
                 casts = list(got.casts) if rule.params.get("casts") else []
@@ -149,6 +164,7 @@ class Judge:
                     why = ", ".join(hits) if hits else "; ".join(casts[:3])
                     msg = f"dispatched {why} in call {name} ({want.desc}) [{rule.message}]"
                     self.add(spec, rule.rule_id, msg, line=rule.line)
+                    self.refused.add((spec.id, rule.rule_id))
                     break
 
 
