@@ -81,7 +81,7 @@ def _declaring(spec: Spec, kit: tuple[str, ...]) -> Spec:
 def test_the_kits_sweeps_count_only_for_a_stage_whose_spec_declares_them() -> None:
     specs, texts = _real()
     assert specs["attention"].oracle is not None
-    assert specs["attention"].oracle.kit == ("module_sweeps",)
+    assert "module_sweeps" in specs["attention"].oracle.kit  # its sweeps come from the kit
     found = check_coverage(_declaring(specs["attention"], ()), _Dict(texts))
     assert {v.rule for v in found} == {"oracle.coverage"}
     assert "'magnitude'" in " ".join(v.message for v in found)  # swept by the kit alone
