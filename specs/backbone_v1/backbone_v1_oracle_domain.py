@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from speckit import model_sweeps as sweeps
+from speckit.module_sweeps import scaled
 from speckit.sweeps import TRAINING_CALLS
 
 from niels_gpt.config import ModelConfig
@@ -49,7 +50,7 @@ OWN = sweeps.Scenarios()  # the stage's own scenarios by axis, run after the tab
 @OWN.axis("magnitude", "domain/magnitude/block/s=1")
 def _block_magnitude(o: Oracle) -> None:
     x0 = o.randn(2, 20, SMALL.C, tag="mag-x")  # (2, 20, C)
-    for s, block, x in sweeps.scaled(o, partial(Block, SMALL), x0, "mag-block"):
+    for s, block, x in scaled(o, partial(Block, SMALL), x0, "mag-block"):
         with torch.no_grad():
             o.call(
                 f"domain/magnitude/block/s={s:g}",

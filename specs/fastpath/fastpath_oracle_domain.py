@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from speckit import model_sweeps as sweeps
+from speckit.module_sweeps import scaled
 from torch.nn.attention import SDPBackend
 from torch.nn.attention import sdpa_kernel as backends
 
@@ -101,7 +102,7 @@ def _both(o: Oracle, name: str, model: torch.nn.Module, fn: Any, desc: str, **ju
 @OWN.axis("magnitude", "domain/magnitude/attn/s=1")
 def _magnitude(o: Oracle) -> None:
     x0 = o.randn(2, 30, ATTN.C, tag="mag-x")  # (2, 30, C)
-    for s, attn, x in sweeps.scaled(o, partial(FastCausalSelfAttention, ATTN), x0, "mag-attn"):
+    for s, attn, x in scaled(o, partial(FastCausalSelfAttention, ATTN), x0, "mag-attn"):
         top = max(30, sweeps.score_bound(attn, x))
         with torch.no_grad():
             _both(o, f"domain/magnitude/attn/s={s:g}", attn, partial(attn, x),

@@ -19,14 +19,14 @@ forward (a generate call), the bad calls. The table's calls:
 
 The helpers here (the model builder, the bounds, a cross-entropy's
 Hessian-vector products, a causality pair, a reloaded model, two models in
-turn, a module's magnitude sweep, a backward under ``enable_grad``, a call
-that must hand its model back, a cache fed in chunks of every size against
-an uncached call) are for
+turn, a backward under ``enable_grad``, a call that must hand its model
+back, a cache fed in chunks of every size against an uncached call) are for
 the stages' own scenarios and calls too; a stage enters each scenario in its
 table's ``Scenarios`` where it defines it. The general helpers (scales,
 config fields, warm-up, modes, errors) are ``sweeps``'s, imported here and
-bound to module-level names. Like ``sweeps``, this module imports torch and
-nothing else at run time (a stage's classes come in through the table).
+bound to module-level names; one module's magnitude sweep is
+``module_sweeps``'s ``scaled``. Like ``sweeps``, this module imports torch
+and nothing else at run time (a stage's classes come in through the table).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -185,18 +185,6 @@ def gpt_bound(gpt: Any, ids: torch.Tensor) -> int:
             top = max(top, score_bound(block.attn, block.ln1(h)))
             h = block(h)  # (B, t, C)
     return top
-
-
-def scaled(
-    o: Oracle, build: Callable[[], torch.nn.Module], x0: torch.Tensor, tag: str
-) -> Iterator[tuple[float, Any, torch.Tensor]]:
-    """A module's magnitude sweep on ``x0`` (B, T, C): for each scale ``s`` of ``SCALES``, a
-    fresh float64 ``build()`` in eval mode, its weights drawn as ``tag`` times ``s / sqrt(C)``
-    (weights x s), and ``s * x0``: inputs and weights scaled by the same factor."""
-    for s in SCALES:
-        module = build().double().eval()
-        o.load_weights(module, tag, scale=s / x0.shape[-1] ** 0.5)  # weights x s
-        yield s, module, s * x0  # (B, T, C)
 
 
 def enable_grad(

@@ -12,14 +12,15 @@ its scores and the fields it reads.
 The general helpers these sweeps call (the one-thread warm-up, the
 Hessian-vector products, the modes and errors loops, the config changes) are
 ``sweeps``'s, imported here by name, so a driver that imports this module
-reaches them too. Like ``sweeps``, it imports torch and nothing else at run
-time.
+reaches them too. ``scaled``, one module's magnitude sweep, is this
+module's; the model stages' drivers call it for a module of their model.
+Like ``sweeps``, it imports torch and nothing else at run time.
 """
 
 from __future__ import annotations
 
 import io
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -72,14 +73,25 @@ def _module(
     return module
 
 
+def scaled(
+    o: Oracle, build: Callable[[], torch.nn.Module], x0: torch.Tensor, tag: str
+) -> Iterator[tuple[float, Any, torch.Tensor]]:
+    """A module's magnitude sweep on ``x0`` (B, T, C): for each scale ``s`` of ``SCALES``, a
+    fresh float64 ``build()`` in eval mode, its weights drawn as ``tag`` times ``s / sqrt(C)``
+    (weights x s), and ``s * x0``: inputs and weights scaled by the same factor. The
+    magnitude calls here and the model stages' module scenarios run through it."""
+    for s in SCALES:
+        module = build().double().eval()
+        o.load_weights(module, tag, scale=s / x0.shape[-1] ** 0.5)  # weights x s
+        yield s, module, s * x0  # (B, T, C)
+
+
 def _magnitude(o: Oracle, s: ModuleSweep) -> None:
     if not o.wants("domain/magnitude/s=1"):
         return
     c = s.small.C
     x0 = o.randn(2, 24, c, tag="mag-x")  # (2, 24, C)
-    for scale in SCALES:
-        module = _module(o, s, s.small, "mag-w", scale=scale / c**0.5).eval()  # weights x s
-        x = scale * x0  # (2, 24, C)
+    for scale, module, x in scaled(o, partial(s.build, s.small), x0, "mag-w"):
         with torch.no_grad():
             o.call(
                 f"domain/magnitude/s={scale:g}",
