@@ -1,8 +1,9 @@
 """What every ``nn.Module`` promises, measured on one tree's classes (sandbox side).
 
-Loaded by ``_protocol_worker`` (by path, like the oracle's kit); it measures,
-it decides nothing: the trusted side (``verdict.protocol``) compares the
-PR's figures with the base's. For one module class and one configuration,
+Loaded by ``_protocol_worker`` from the file beside it (the worker runs as
+``python -I <file>``, so the checker is not a package it can import); it
+measures, it decides nothing: the trusted side (``verdict.protocol``)
+compares the PR's figures with the base's. For one module class and one configuration,
 ``Probe.run`` builds an instance and records:
 
 - ``schema``: its ``state_dict`` (key -> shape, dtype), persistent and
