@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import shutil
 import struct
 from typing import Any, get_args
 
@@ -180,6 +181,20 @@ def test_a_broken_header_is_refused_in_one_escaped_line() -> None:
 
 def test_the_header_type_names_every_dtype_on_the_wire() -> None:
     assert set(get_args(oracle_run.WireDtype)) == set(oracle_run.WIRE)
+
+
+def test_a_workers_code_lies_where_no_part_of_its_path_names_the_checker() -> None:
+    """A stage module's ``__file__`` in a worker looks like a user's install: no folder
+    on the way is the checker's (``contracts-pr-...``, ``sandbox``, ``oracle-...``)."""
+    home = oracle_run.user_like_home()
+    try:
+        site = oracle_run.site_folder([], home)
+        marks = ("contracts", "sandbox", "oracle", "pytest", "niels")
+        named = [part for part in site.parts for mark in marks if mark in part.lower()]
+        assert named == []
+        assert site.parts[-3:] == ("lib", "python3", "site-packages")
+    finally:
+        shutil.rmtree(home)
 
 
 def test_a_stream_without_its_end_is_not_done() -> None:

@@ -6,7 +6,8 @@ in a user-like environment: the caller's ``PATH`` and locale, ``HOME``,
 (``Sandbox.scratch_vars``), ``OMP_WAIT_POLICY=PASSIVE``, and nothing else
 (no pytest or sandbox variable, no thread pin, a random hash seed). The code
 under check is copied into one ``site-packages``-like folder, merged the way
-installed wheels are, so a stage's ``__file__`` looks like a user's install.
+installed wheels are, in a fresh folder of the system's temporary folder
+(``user_like_home``), so a stage's ``__file__`` looks like a user's install.
 The request, with the secret seed, goes over stdin; answers come back as
 frames on a separate pipe.
 
@@ -280,6 +281,19 @@ def read_stream(pipe: BinaryIO, stream: Stream) -> bool:
             stream.calls[(call.stage, call.name)] = call
 
 
+def user_like_home() -> Path:
+    """A fresh folder of the system's temporary folder, for one worker's copy of the code.
+
+    Not under the sandbox's scratch, where the worker's ``HOME`` and ``TMPDIR``
+    are: that path names the checker (``contracts-pr-...``, ``sandbox``), and a
+    stage module's ``__file__`` would carry it into the worker, for code that
+    behaves only when no checker is in sight to read (the scenario
+    ``test_code_that_tells_a_test_run_from_a_user_is_caught``). The workers
+    only read it (``confine.add_readonly``); the trusted side removes it.
+    """
+    return Path(tempfile.mkdtemp())
+
+
 def site_folder(roots: Sequence[Path], dest: Path) -> Path:
     """The ``packages/*/src`` trees merged into ``dest/lib/python3/site-packages``."""
     site = dest / "lib" / "python3" / "site-packages"
@@ -396,7 +410,7 @@ def run(
     code, say); the folders are removed afterwards.
     """
     results: list[Stream | None] = [None] * len(jobs)
-    homes = [Path(tempfile.mkdtemp(prefix="oracle-", dir=box.tmp)) for _ in jobs]
+    homes = [user_like_home() for _ in jobs]
     sites = [site_folder(j.roots, home) for j, home in zip(jobs, homes, strict=True)]
     confine.add_readonly(box, homes)  # no worker writes into another's code
     before = Snapshot.take([*homes, *watched])
