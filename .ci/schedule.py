@@ -53,16 +53,17 @@ def tier(sessions: tuple[Session, ...], full: bool) -> tuple[Session, ...]:
 # In starting order. lint builds the shared dev environment every other
 # session with "lint" in its needs runs in; the wheel sessions build their own
 # venvs (and the wheels, once, in .nox/_wheelhouse) and start at once.
-# A landing run (``.ci/run``) fits twelve minutes of this 2-core machine: the
-# README's test command, the gate and the app from its wheels (about 1270
-# CPU-s in a clean-clone run, 2026-12-07). ``.ci/run --full`` adds the rest
-# (well over an hour), with their CPU-s in a clean-clone run: the experiment
-# from its wheels (156), every README's examples from their install lines
-# (129), the hooks through pre-commit (47), the mutant proof of all 273
-# catalogued bugs (422), every scenario rather than none (43 of the 60 took
-# 5800 in one run), the workflow replay (325), each float64 reference at a
-# seed drawn for the run (120, measured alone) and the Hugging Face Llama peer
-# from the wheels (test-peers).
+# A landing run (``.ci/run``) is meant to fit twelve minutes of this 2-core
+# machine: the README's test command, the gate and the app from its wheels
+# (about 1430 CPU-s in a clean-clone run, 2026-12-07: 747 s on its two cores,
+# just over the target). ``.ci/run --full`` adds the rest (well over an hour),
+# with their CPU-s in a clean-clone run: the experiment from its wheels (156),
+# every README's examples from their install lines (129), the hooks through
+# pre-commit (47), the mutant proof of all 273 catalogued bugs (422), every
+# scenario rather than none (75; 43 of them took 5800 in one run), the
+# workflow replay (325), each float64 reference at a seed drawn for the run
+# (120, measured alone) and the Hugging Face Llama peer from the wheels
+# (test-peers).
 SESSIONS = (
     Session("lint"),
     Session("test-serve"),
