@@ -3,8 +3,8 @@
 Loaded by ``_protocol_worker`` from the file beside it (the worker runs as
 ``python -I <file>``, so the checker is not a package it can import); it
 measures, it decides nothing: the trusted side (``verdict.protocol``)
-compares the PR's figures with the base's. For one module class and one configuration,
-``Probe.run`` builds an instance and records:
+compares the PR's figures with the base's. For one module class and one
+configuration, ``Probe.run`` builds an instance and records:
 
 - ``schema``: its ``state_dict`` (key -> shape, dtype), persistent and
   non-persistent buffers;
