@@ -7,6 +7,7 @@ is KEPT (no version bump) under the stage's trailer and BROKEN without it.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -48,6 +49,21 @@ def test_every_spec_has_a_changelog_at_its_version(stage: str) -> None:
     assert found == spec["version"], (
         f"expected the newest entry of {changelog_path(stage)} to be {spec['version']} "
         f"(the spec's version), found {found}"
+    )
+
+
+# A comment that tells history: a version note ("13.0: size, ...") or another
+# stage's version ("attention 5.1"), which goes stale as that stage moves on.
+_HISTORY = re.compile(rf"^\s*#(?:\s*\d+\.\d+(?:\.\d+)?:|.*\b(?:{'|'.join(STAGES)}) \d+\.\d+)")
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_a_spec_states_the_present_and_leaves_its_history_to_the_changelog(stage: str) -> None:
+    lines = (ROOT / "specs" / f"{stage}.toml").read_text(encoding="utf-8").splitlines()
+    found = [f"{n}: {line.strip()}" for n, line in enumerate(lines, 1) if _HISTORY.match(line)]
+    assert found == [], (
+        f"expected no version history in specs/{stage}.toml's comments "
+        f"(it belongs in {changelog_path(stage)}), found: {found}"
     )
 
 
