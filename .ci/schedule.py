@@ -56,7 +56,7 @@ def tier(sessions: tuple[Session, ...], full: bool) -> tuple[Session, ...]:
 # A landing run (``.ci/run``) is meant to fit twelve minutes of this 2-core
 # machine: the README's test command, the gate and the app from its wheels
 # (about 1420 CPU-s in a clean-clone run, 2026-12-07: 739 s on its two cores,
-# just over the target). ``.ci/run --full`` adds the rest (well over an hour),
+# just over the target). ``.ci/run --full`` adds the rest (over two hours),
 # with their CPU-s in a clean-clone run: the experiment from its wheels (156),
 # every README's examples from their install lines (129), the hooks through
 # pre-commit (47), the mutant proof of all 273 catalogued bugs (422), every
