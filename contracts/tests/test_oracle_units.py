@@ -11,6 +11,7 @@ import io
 import json
 import shutil
 import struct
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any, get_args
@@ -20,6 +21,7 @@ import pytest
 from safetensors.numpy import save as save_arrays
 
 from niels_gpt_contracts.sandbox import oracle_run
+from niels_gpt_contracts.sandbox.environment import Sandbox
 from niels_gpt_contracts.sandbox.oracle_run import Stream, Unreadable, read_stream
 from niels_gpt_contracts.verdict import tolerance
 
@@ -201,6 +203,31 @@ def test_a_workers_code_lies_where_no_part_of_its_path_names_the_checker() -> No
         assert site.parts[-3:] == ("lib", "python3", "site-packages")
     finally:
         shutil.rmtree(home)
+
+
+def test_the_workers_homes_are_removed_even_when_a_run_fails_before_its_workers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The homes lie outside the verdict's scratch, so nothing else removes them:
+    ``run`` does, on every way out."""
+    made: list[Path] = []
+
+    def home() -> Path:
+        made.append(tmp_path / f"home-{len(made)}")
+        made[-1].mkdir()
+        return made[-1]
+
+    def snapshot(_paths: Any) -> Any:
+        raise OSError("unreadable")
+
+    monkeypatch.setattr(oracle_run, "user_like_home", home)
+    monkeypatch.setattr(oracle_run.Snapshot, "take", snapshot)
+    box = Sandbox.prepare(sys.executable, tmp_path / "scratch" / "sandbox", ["niels_gpt"], 1)
+    jobs = [oracle_run.Job(label, [], {}) for label in ("base", "head")]
+    with pytest.raises(OSError, match="unreadable"):
+        oracle_run.run(box, jobs, 1.0)
+    assert len(made) == 2
+    assert [h for h in made if h.exists()] == []
 
 
 def test_a_stream_without_its_end_is_not_done() -> None:

@@ -28,6 +28,7 @@ from torch import nn
 from niels_gpt_contracts.checks.context.loading import load_specs
 from niels_gpt_contracts.gitdiff import GitRepo, WorkingTree
 from niels_gpt_contracts.sandbox import oracle_run, protocol_run
+from niels_gpt_contracts.sandbox.environment import Sandbox
 from niels_gpt_contracts.sandbox.protocol_run import Answer
 from niels_gpt_contracts.verdict import protocol, protocol_rules
 
@@ -276,6 +277,29 @@ def _wire(report: bytes, blob: bytes = b"") -> bytes:
 
 
 GOOD = {"classes": {}, "defined": {}, "dtypes": {}, "skipped": {}, "fatal": None}
+
+
+def test_a_workers_code_lies_in_a_user_like_home_removed_even_when_the_launch_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The protocol worker's copy of the code is the oracle's kind (``user_like_home``:
+    no checker in a module's ``__file__``), not a folder of the verdict's scratch, and
+    it is removed though the worker could not start."""
+    box = Sandbox.prepare(sys.executable, tmp_path / "scratch" / "sandbox", ["niels_gpt"], 1)
+    home = tmp_path / "user-home"
+    home.mkdir()
+    monkeypatch.setattr(oracle_run, "user_like_home", lambda: home)
+    seen: list[Any] = []
+
+    def launch(_box: Sandbox, _worker: str, request: dict[str, Any], *_rest: Any) -> Any:
+        seen.append(request["roots"])
+        raise OSError("no interpreter")
+
+    monkeypatch.setattr(oracle_run, "launch", launch)
+    with pytest.raises(OSError, match="no interpreter"):
+        protocol_run.run(box, "head", [], {}, tmp_path / "out", 1.0)
+    assert seen == [[str(home / "lib" / "python3" / "site-packages")]]
+    assert not home.exists()
 
 
 @pytest.mark.parametrize(

@@ -411,22 +411,24 @@ def run(
     """
     results: list[Stream | None] = [None] * len(jobs)
     homes = [user_like_home() for _ in jobs]
-    sites = [site_folder(j.roots, home) for j, home in zip(jobs, homes, strict=True)]
-    confine.add_readonly(box, homes)  # no worker writes into another's code
-    before = Snapshot.take([*homes, *watched])
+    try:
+        sites = [site_folder(j.roots, home) for j, home in zip(jobs, homes, strict=True)]
+        confine.add_readonly(box, homes)  # no worker writes into another's code
+        before = Snapshot.take([*homes, *watched])
 
-    def one(i: int) -> None:
-        results[i] = _run(box, jobs[i], sites[i], timeout)
+        def one(i: int) -> None:
+            results[i] = _run(box, jobs[i], sites[i], timeout)
 
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(jobs))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    processes.reap_orphans()  # once all are done: a worker starting is not yet tracked
-    changed = before.changes(Snapshot.take([*homes, *watched]))
-    for home in homes:
-        shutil.rmtree(home, ignore_errors=True)
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(len(jobs))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        processes.reap_orphans()  # once all are done: a worker starting is not yet tracked
+        changed = before.changes(Snapshot.take([*homes, *watched]))
+    finally:  # outside the scratch, so nothing else would remove them
+        for home in homes:
+            shutil.rmtree(home, ignore_errors=True)
     streams = [
         r if r is not None else Stream(j.label, problem="no answer")
         for r, j in zip(results, jobs, strict=True)

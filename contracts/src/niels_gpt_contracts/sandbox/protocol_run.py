@@ -2,7 +2,8 @@
 
 The worker (``_protocol_worker.py``) is the sandbox interpreter run with
 ``-I`` in the oracle's user-like environment (``oracle_run``: the code merged
-into one ``site-packages``-like folder, a scratch ``HOME``). Its report comes
+into one ``site-packages``-like folder in a fresh folder of the system's
+temporary folder, ``user_like_home``; a scratch ``HOME``). Its report comes
 back on a pipe of its own as one JSON document, decoded against
 ``REPORT_SCHEMA`` (jsonschema), and its outputs as one safetensors blob that
 safetensors' own parser reads, each array checked against the dtype the
@@ -15,7 +16,6 @@ from __future__ import annotations
 import json
 import shutil
 import struct
-import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -207,10 +207,6 @@ def run(
     ``weights.safetensors`` from it on the base's side.
     """
     answer = Answer(label)
-    home = Path(tempfile.mkdtemp(prefix="protocol-", dir=box.tmp))
-    site = oracle_run.site_folder(roots, home)
-    confine.add_readonly(box, [home])
-    out.mkdir(parents=True, exist_ok=True)
     chunks: list[bytes] = []
 
     def read(pipe: BinaryIO, kill: Callable[[], None]) -> None:
@@ -223,13 +219,19 @@ def run(
                 return
             chunks.append(chunk)
 
-    request = {**request, "roots": [str(site)], "out": str(out)}
-    threads = 1 if label == "base" else None
-    ended = oracle_run.launch(box, WORKER, request, threads, read, timeout)
-    processes.reap_orphans()
+    home = oracle_run.user_like_home()  # the oracle's: no checker in a module's __file__
+    try:
+        site = oracle_run.site_folder(roots, home)
+        confine.add_readonly(box, [home])
+        out.mkdir(parents=True, exist_ok=True)
+        request = {**request, "roots": [str(site)], "out": str(out)}
+        threads = 1 if label == "base" else None
+        ended = oracle_run.launch(box, WORKER, request, threads, read, timeout)
+        processes.reap_orphans()
+    finally:  # outside the scratch now, so nothing else would remove it
+        shutil.rmtree(home, ignore_errors=True)
     answer.seconds = ended.seconds
     answer.problem = ended.timed_out or answer.problem
-    shutil.rmtree(home, ignore_errors=True)
     if answer.problem is None:
         if not chunks:
             answer.problem = ended.early()
